@@ -1,0 +1,46 @@
+#include "core/documents.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace flamia {
+
+std::string validate_cu_seqlens(std::span<const int32_t> cu, int64_t total_tokens) {
+  if (cu.size() < 2) return "cu_seqlens must hold at least 2 entries (one document), got " + std::to_string(cu.size());
+  if (cu[0] != 0) return "cu_seqlens[0] must be 0, got " + std::to_string(cu[0]);
+  for (size_t i = 1; i < cu.size(); ++i) {
+    if (cu[i] < cu[i - 1]) {
+      return "cu_seqlens must be non-decreasing, but cu_seqlens[" + std::to_string(i) + "] = " + std::to_string(cu[i]) +
+             " < cu_seqlens[" + std::to_string(i - 1) + "] = " + std::to_string(cu[i - 1]);
+    }
+  }
+  if (cu.back() != total_tokens) {
+    return "cu_seqlens[-1] must equal the number of packed tokens " + std::to_string(total_tokens) + ", got " +
+           std::to_string(cu.back());
+  }
+  return {};
+}
+
+Documents::Documents(std::vector<int32_t> cu_seqlens, int64_t total_tokens) : cu_(std::move(cu_seqlens)) {
+  if (auto err = validate_cu_seqlens(cu_, total_tokens); !err.empty()) throw std::invalid_argument(err);
+  doc_of_token_.resize(size_t(total_tokens));
+  for (int d = 0; d < count(); ++d) std::fill(doc_of_token_.begin() + begin(d), doc_of_token_.begin() + end(d), d);
+}
+
+Documents Documents::from_lengths(std::span<const int> lengths) {
+  std::vector<int32_t> cu{0};
+  for (int n : lengths) {
+    if (n < 0) throw std::invalid_argument("document lengths must be >= 0, got " + std::to_string(n));
+    cu.push_back(cu.back() + n);
+  }
+  const int64_t total = cu.back();
+  return Documents(std::move(cu), total);
+}
+
+int Documents::max_length() const {
+  int m = 0;
+  for (int d = 0; d < count(); ++d) m = std::max(m, length(d));
+  return m;
+}
+
+}  // namespace flamia

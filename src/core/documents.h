@@ -1,0 +1,51 @@
+// Packed variable-length documents: cu_seqlens validation and document-local indexing.
+// Shared by the CPU emulation, the work-item scheduler and the C API's validation, so every
+// layer agrees on what a document is and where its groups and tiles start.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/options.h"
+#include "core/tiling.h"
+#include "formats/host_device.h"
+
+namespace flamia {
+
+// An empty string when cu_seqlens describes `total_tokens` packed tokens (starts at 0, never
+// decreases, ends at total_tokens); otherwise a message that names the first bad entry.
+std::string validate_cu_seqlens(std::span<const int32_t> cu_seqlens, int64_t total_tokens);
+
+class Documents {
+ public:
+  // Throws std::invalid_argument with validate_cu_seqlens' message on bad input.
+  Documents(std::vector<int32_t> cu_seqlens, int64_t total_tokens);
+  static Documents from_lengths(std::span<const int> lengths);
+
+  int count() const { return int(cu_.size()) - 1; }
+  int total_tokens() const { return cu_.back(); }
+  int begin(int doc) const { return cu_[doc]; }
+  int end(int doc) const { return cu_[doc + 1]; }
+  int length(int doc) const { return cu_[doc + 1] - cu_[doc]; }
+  int max_length() const;
+  int document_of(int token) const { return doc_of_token_[token]; }
+  const std::vector<int32_t>& cu_seqlens() const { return cu_; }
+
+ private:
+  std::vector<int32_t> cu_;
+  std::vector<int32_t> doc_of_token_;
+};
+
+// First document-local position of the scale group holding document-local position `pos`.
+FLAMIA_HD int scale_group_begin(int pos, ScaleGeometry geometry) {
+  return geometry == ScaleGeometry::kToken ? pos : pos - pos % tiling::kScaleBlock;
+}
+// One past the last position of that group, clipped to the document length.
+FLAMIA_HD int scale_group_end(int pos, ScaleGeometry geometry, int doc_length) {
+  const int end = geometry == ScaleGeometry::kToken ? pos + 1 : scale_group_begin(pos, geometry) + tiling::kScaleBlock;
+  return end < doc_length ? end : doc_length;
+}
+
+}  // namespace flamia

@@ -1,0 +1,58 @@
+// The user-facing numerical options of an attention call, shared by the CPU emulation, the
+// CUDA kernels and the tests. DESIGN.md §1-§3 define what each one means.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "formats/scales.h"
+
+namespace flamia {
+
+using formats::ScaleRule;
+
+// Which dependencies a call guarantees to respect (DESIGN.md §3).
+enum class Isolation : uint8_t {
+  kDocument,  // outputs depend only on their own document (default)
+  kPrefix,    // and, for query i, O_i, LSE_i and dQ_i depend only on positions <= i
+};
+
+// Scale groups of the loaded operands Q, K, V and dO, always counted from the document start.
+enum class ScaleGeometry : uint8_t {
+  kBlock32,  // 32 consecutive tokens x all D features of one head (the last group may be short)
+  kToken,    // one token's D features
+};
+
+// Scale geometry of U = P o (E - D), the fresh operand of dQ = U.K and dK = U^T.Q.
+enum class UScaleGeometry : uint8_t {
+  kRowCol,    // Hopper: one scale per (query row, key tile) for dQ, per (key column, query tile) for dK
+  kSquare32,  // Blackwell layout: one 32x32 square shared by both orientations (leaks in prefix mode)
+};
+
+struct NumericsOptions {
+  Isolation isolation = Isolation::kDocument;
+  ScaleGeometry scale_geometry = ScaleGeometry::kBlock32;
+  ScaleRule scale_rule = ScaleRule::kCeil;
+  UScaleGeometry u_scale = UScaleGeometry::kRowCol;
+  int p_boost_log2 = 8;    // P is rounded as E4M3(p * 2^boost * fold); §5 "range budget"
+  bool hadamard = false;   // rotate Q and K along features before quantizing (D a multiple of 64)
+
+  // Prefix isolation closes the 32-token groups that straddle a query by giving every loaded
+  // operand per-token scales (on Hopper the folds cost the same for either geometry).
+  ScaleGeometry effective_geometry() const {
+    return isolation == Isolation::kPrefix ? ScaleGeometry::kToken : scale_geometry;
+  }
+};
+
+// Names as they appear on the command line, in JSON and in the Python API.
+std::string_view to_string(Isolation v);
+std::string_view to_string(ScaleGeometry v);
+std::string_view to_string(ScaleRule v);
+std::string_view to_string(UScaleGeometry v);
+std::optional<Isolation> parse_isolation(std::string_view s);
+std::optional<ScaleGeometry> parse_scale_geometry(std::string_view s);
+std::optional<ScaleRule> parse_scale_rule(std::string_view s);
+std::optional<UScaleGeometry> parse_u_scale(std::string_view s);
+
+}  // namespace flamia

@@ -1,0 +1,63 @@
+// Shared power-of-two scales: the UE8M0 format and the rules that pick a group's exponent.
+//
+// A group of values x with amax = max|x| is stored as codes c = E4M3(x / 2^e) and one
+// exponent e. The two rules differ only in how they treat the top of the E4M3 range:
+//   ceil : the smallest e with amax / 2^e <= 448       (never clips)
+//   floor: e = floor(log2 amax) - 8                    (OCP MX; amax/2^e may reach 512 and clip)
+// An all-zero group uses e = 0. A group holding NaN or Inf gets the NaN exponent, so every
+// value decoded from it is NaN (non-finite input is never silently zeroed or saturated).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "formats/host_device.h"
+#include "formats/minifloat.h"
+
+namespace flamia::formats {
+
+enum class ScaleRule : uint8_t { kCeil, kFloor };
+
+// UE8M0: an unsigned 8-bit exponent, value 2^(code - 127); 0xFF is NaN.
+inline constexpr int kUe8m0Bias = 127;
+inline constexpr uint8_t kUe8m0NaN = 0xFF;
+inline constexpr int kMinScaleExponent = -127;  // code 0x00
+inline constexpr int kMaxScaleExponent = 127;   // code 0xFE
+
+FLAMIA_HD uint8_t encode_ue8m0(int exponent) {
+  if (exponent < kMinScaleExponent) exponent = kMinScaleExponent;
+  if (exponent > kMaxScaleExponent) exponent = kMaxScaleExponent;
+  return uint8_t(exponent + kUe8m0Bias);
+}
+FLAMIA_HD bool ue8m0_is_nan(uint8_t code) { return code == kUe8m0NaN; }
+FLAMIA_HD int ue8m0_exponent(uint8_t code) { return int(code) - kUe8m0Bias; }  // not for NaN
+FLAMIA_HD double decode_ue8m0(uint8_t code) {
+  return ue8m0_is_nan(code) ? double(NAN) : std::ldexp(1.0, ue8m0_exponent(code));
+}
+
+// The UE8M0 scale code of a group with the given amax (max of |x| over the group; NaN if any
+// element is NaN or Inf). Exponents outside UE8M0's range are clamped to it: a group so small
+// that it needs e < -127 encodes partly as E4M3 subnormals or zeros.
+FLAMIA_HD uint8_t scale_for_amax(double amax, ScaleRule rule) {
+  if (std::isnan(amax) || std::isinf(amax)) return kUe8m0NaN;
+  if (amax == 0.0) return encode_ue8m0(0);
+  int k;
+  const double frac = std::frexp(amax, &k);  // amax = frac * 2^k, frac in [0.5, 1)
+  // floor(log2 amax) = k - 1, so the OCP floor rule is e = k - 1 - 8.
+  int e = k - 1 - kE4M3MaxExponent;
+  // amax / 2^e = frac * 2^9 lies in [256, 512); ceil bumps e when that exceeds 448 = 0.875 * 2^9.
+  if (rule == ScaleRule::kCeil && frac > kE4M3Max / 512.0) e += 1;
+  return encode_ue8m0(e);
+}
+
+// Quantizes one value against its group's scale code: the E4M3 code of x / 2^e.
+FLAMIA_HD uint8_t encode_scaled_e4m3(double x, uint8_t scale) {
+  if (ue8m0_is_nan(scale)) return kE4M3.nan_code();
+  return encode_e4m3(std::ldexp(x, -ue8m0_exponent(scale)));
+}
+FLAMIA_HD double decode_scaled_e4m3(uint8_t code, uint8_t scale) {
+  if (ue8m0_is_nan(scale)) return NAN;
+  return std::ldexp(decode_e4m3(code), ue8m0_exponent(scale));
+}
+
+}  // namespace flamia::formats

@@ -1,0 +1,36 @@
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+#include "core/documents.h"
+
+namespace flamia {
+namespace {
+
+TEST(Documents, ValidatesCuSeqlens) {
+  EXPECT_EQ(validate_cu_seqlens(std::vector<int32_t>{0, 3, 7}, 7), "");
+  EXPECT_NE(validate_cu_seqlens(std::vector<int32_t>{0}, 0).find("at least 2"), std::string::npos);
+  EXPECT_NE(validate_cu_seqlens(std::vector<int32_t>{1, 7}, 7).find("cu_seqlens[0]"), std::string::npos);
+  EXPECT_NE(validate_cu_seqlens(std::vector<int32_t>{0, 5, 3, 7}, 7).find("cu_seqlens[2]"), std::string::npos);
+  EXPECT_NE(validate_cu_seqlens(std::vector<int32_t>{0, 3, 6}, 7).find("packed tokens 7"), std::string::npos);
+  EXPECT_THROW(Documents({0, 4, 2}, 2), std::invalid_argument);
+}
+
+TEST(Documents, IndexesTokensAndGroupsFromTheDocumentStart) {
+  const int lengths[] = {5, 0, 40};
+  const Documents docs = Documents::from_lengths(lengths);
+  EXPECT_EQ(docs.count(), 3);
+  EXPECT_EQ(docs.total_tokens(), 45);
+  EXPECT_EQ(docs.document_of(4), 0);
+  EXPECT_EQ(docs.document_of(5), 2);  // the empty document holds no token
+  EXPECT_EQ(docs.max_length(), 40);
+  // Document 2 starts at the unaligned offset 5; its groups are counted from there.
+  EXPECT_EQ(scale_group_begin(33, ScaleGeometry::kBlock32), 32);
+  EXPECT_EQ(scale_group_end(33, ScaleGeometry::kBlock32, 40), 40);  // the last group is short
+  EXPECT_EQ(scale_group_end(3, ScaleGeometry::kBlock32, 40), 32);
+  EXPECT_EQ(scale_group_begin(33, ScaleGeometry::kToken), 33);
+  EXPECT_EQ(scale_group_end(33, ScaleGeometry::kToken, 40), 34);
+}
+
+}  // namespace
+}  // namespace flamia
