@@ -1,0 +1,54 @@
+#include "analysis/inputs.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "formats/minifloat.h"
+
+namespace flamia::analysis {
+
+uint64_t NormalRng::next_u64() {
+  uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+double NormalRng::uniform() { return (double(next_u64() >> 11) + 0.5) * 0x1.0p-53; }
+
+double NormalRng::next() {
+  if (has_spare_) {
+    has_spare_ = false;
+    return spare_;
+  }
+  const double r = std::sqrt(-2.0 * std::log(uniform())), t = 2.0 * std::numbers::pi * uniform();
+  spare_ = r * std::sin(t);
+  has_spare_ = true;
+  return r * std::cos(t);
+}
+
+namespace {
+void fill_rows(reference::PackedTensor& x, int t0, int t1, NormalRng& rng) {
+  for (int t = t0; t < t1; ++t)
+    for (int h = 0; h < x.heads; ++h)
+      for (int f = 0; f < x.dim; ++f) x.at(t, h, f) = formats::round_to_bf16(rng.next());
+}
+}  // namespace
+
+AttentionInputs random_inputs(const InputShape& s, uint64_t seed) {
+  Documents docs = Documents::from_lengths(s.lengths);
+  const int T = docs.total_tokens();
+  AttentionInputs in{std::move(docs), reference::PackedTensor(T, s.q_heads, s.head_dim),
+                     reference::PackedTensor(T, s.kv_heads, s.head_dim), reference::PackedTensor(T, s.kv_heads, s.head_dim),
+                     reference::PackedTensor(T, s.q_heads, s.head_dim)};
+  NormalRng rng(seed);
+  for (auto* x : {&in.q, &in.k, &in.v, &in.dout}) fill_rows(*x, 0, T, rng);
+  return in;
+}
+
+void redraw_token(AttentionInputs& in, int token, uint64_t seed) {
+  NormalRng rng(seed);
+  for (auto* x : {&in.q, &in.k, &in.v, &in.dout}) fill_rows(*x, token, token + 1, rng);
+}
+
+}  // namespace flamia::analysis

@@ -1,0 +1,47 @@
+#include "analysis/numerics.h"
+
+#include "reference/attention_fp64.h"
+
+namespace flamia::analysis {
+
+std::vector<NumericsOptions> default_numerics_configs() {
+  std::vector<NumericsOptions> configs(5);
+  configs[1].scale_geometry = ScaleGeometry::kToken;
+  configs[2].scale_rule = ScaleRule::kFloor;
+  configs[3].isolation = Isolation::kPrefix;
+  configs[4].u_scale = UScaleGeometry::kSquare32;
+  return configs;
+}
+
+std::vector<NumericsRow> run_numerics(const AttentionInputs& in, const reference::AttentionShape& shape,
+                                      const std::vector<NumericsOptions>& configs, const Progress& progress) {
+  using namespace reference;
+  if (progress) progress("fp64 reference");
+  const ForwardOutputs exact = reference_forward(in.q, in.k, in.v, in.docs, shape);
+  const Gradients exact_grads = reference_backward(in.q, in.k, in.v, exact.o, exact.lse, in.dout, in.docs, shape);
+
+  std::vector<NumericsRow> rows;
+  for (const NumericsOptions& opt : configs) {
+    const std::string name = std::string(to_string(opt.isolation)) + "/" + std::string(to_string(opt.effective_geometry())) +
+                             "/" + std::string(to_string(opt.scale_rule)) + "/u=" + std::string(to_string(opt.u_scale));
+    if (progress) progress("mxfp8 " + name);
+    RouteStats stats;
+    const QuantizedInputs qin = quantize_inputs(in.q, in.k, in.v, in.docs, opt);
+    const ForwardOutputs fwd = mxfp8_forward(qin, in.docs, shape, opt, &stats);
+    const Gradients grads = mxfp8_backward(qin, fwd, in.dout, in.docs, shape, opt, &stats);
+    const std::pair<const char*, Comparison> tensors[] = {
+        {"o", compare(fwd.o.data, exact.o.data)},
+        {"lse", compare(fwd.lse.data, exact.lse.data)},
+        {"dq", compare(grads.dq.data, exact_grads.dq.data)},
+        {"dk", compare(grads.dk.data, exact_grads.dk.data)},
+        {"dv", compare(grads.dv.data, exact_grads.dv.data)},
+    };
+    for (const auto& [tensor, cmp] : tensors) {
+      rows.push_back({"mxfp8", std::string(to_string(opt.isolation)), std::string(to_string(opt.effective_geometry())),
+                      std::string(to_string(opt.scale_rule)), std::string(to_string(opt.u_scale)), tensor, cmp, stats});
+    }
+  }
+  return rows;
+}
+
+}  // namespace flamia::analysis

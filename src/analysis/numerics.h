@@ -1,0 +1,31 @@
+// The numerics table (DESIGN.md §4): each route configuration against the FP64 reference.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "analysis/inputs.h"
+#include "analysis/metrics.h"
+#include "core/options.h"
+#include "reference/mxfp8_route.h"
+
+namespace flamia::analysis {
+
+struct NumericsRow {
+  std::string route, isolation, geometry, rule, u_scale, tensor;
+  Comparison cmp;
+  reference::RouteStats stats;  // of the whole call; the same on every tensor row of a config
+};
+
+// The configurations the table reports by default: the default route, then one option changed
+// at a time (token geometry, floor rule, prefix isolation, 32x32 U squares).
+std::vector<NumericsOptions> default_numerics_configs();
+
+using Progress = std::function<void(const std::string&)>;
+
+// Runs the FP64 reference once and every configuration against it; rows for o, lse, dq, dk, dv.
+std::vector<NumericsRow> run_numerics(const AttentionInputs& in, const reference::AttentionShape& shape,
+                                      const std::vector<NumericsOptions>& configs, const Progress& progress = {});
+
+}  // namespace flamia::analysis

@@ -1,0 +1,56 @@
+// The isolation probe (DESIGN.md §3): perturb inputs that an output must not depend on and
+// check, bitwise, that it does not move.
+//
+// For each isolation mode it runs three calls on three packed documents [A, B, C]:
+//  - base;
+//  - suffix control: every input of B after position i is redrawn and token i+1 is scaled by
+//    2^suffix_boost_log2, so the scale exponent of the group holding i moves (and values of that
+//    group cross the E4M3 subnormal edge). Rows 0..i of B are compared. Default (document) mode
+//    is expected to change here, or the probe is blind; prefix mode must not change at all.
+//  - other-document control: A and C are redrawn and A grows, so B moves to another offset in
+//    the packed buffer. All rows of B are compared; nothing may change in any mode.
+// Tensors: O, LSE and dQ (dQ for an incoming dO that is fixed on the compared rows).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "analysis/inputs.h"
+#include "analysis/numerics.h"
+#include "core/options.h"
+
+namespace flamia::analysis {
+
+struct ProbeOptions {
+  std::vector<int> lengths{97, 300, 64};  // [A, B, C]; B is the probed document
+  int q_heads = 4, kv_heads = 2, head_dim = 128;
+  int position = 141;  // i, document-local in B: mid-group and past the first 128-key tile
+  int suffix_boost_log2 = 6;
+  int other_document_growth = 37;  // tokens added to A, so B starts at another (unaligned) offset
+  uint64_t seed = 0;
+  ScaleGeometry scale_geometry = ScaleGeometry::kBlock32;
+  ScaleRule scale_rule = ScaleRule::kCeil;
+};
+
+struct ProbeCase {
+  Isolation mode;
+  std::string control;  // "suffix" or "other_document"
+  std::string tensor;   // "o", "lse" or "dq"
+  double max_abs_change = 0.0;
+  bool bitwise_equal = true;
+  int64_t compared = 0;  // values compared
+  int64_t changed = 0;   // of those, how many differ bitwise
+};
+
+// Throws std::invalid_argument for options that cannot make a probe (e.g. i outside B).
+void check_probe_options(const ProbeOptions& options);
+
+std::vector<ProbeCase> run_probe(const ProbeOptions& options, const Progress& progress = {});
+
+// True when the contract holds and the probe is not blind: prefix mode unchanged under the
+// suffix control, every mode unchanged under the other-document control, and document mode
+// changed under the suffix control for O and dQ. `why` lists the cases that break it.
+bool probe_passes(const std::vector<ProbeCase>& cases, std::string* why = nullptr);
+
+}  // namespace flamia::analysis

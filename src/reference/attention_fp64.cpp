@@ -1,0 +1,309 @@
+#include "reference/attention_fp64.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/parallel.h"
+
+namespace flamia::reference {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Tile shape of the dense products: kRows query rows at a time, kCols keys per score block and
+// kCols features per combine block (kRows * kCols accumulators stay in registers).
+constexpr int kRows = 4;
+constexpr int kCols = 4;
+
+int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+std::string shape_of(const PackedTensor& x) {
+  std::string s(1, '[');  // appended piecewise: GCC 12 warns falsely (-Wrestrict) on "[" + std::string
+  s += std::to_string(x.tokens);
+  s += ", ";
+  s += std::to_string(x.heads);
+  s += ", ";
+  s += std::to_string(x.dim);
+  s += ']';
+  return s;
+}
+
+void check_tensor(const char* fn, const char* name, const PackedTensor& x) {
+  if (x.tokens < 0 || x.heads <= 0 || x.dim <= 0)
+    throw std::invalid_argument(std::string(fn) + ": " + name +
+                                " must have tokens >= 0, heads >= 1 and dim >= 1, got " + shape_of(x));
+  if (x.data.size() != size_t(x.tokens) * size_t(x.heads) * size_t(x.dim))
+    throw std::invalid_argument(std::string(fn) + ": " + name + " holds " + std::to_string(x.data.size()) +
+                                " values but its shape " + shape_of(x) + " needs " +
+                                std::to_string(size_t(x.tokens) * size_t(x.heads) * size_t(x.dim)));
+}
+
+void check_same_shape(const char* fn, const char* name, const PackedTensor& x, const PackedTensor& q) {
+  check_tensor(fn, name, x);
+  if (x.tokens != q.tokens || x.heads != q.heads || x.dim != q.dim)
+    throw std::invalid_argument(std::string(fn) + ": " + name + " must have the shape of q " + shape_of(q) + ", got " +
+                                shape_of(x));
+}
+
+void check_qkv(const char* fn, const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
+               const Documents& docs) {
+  check_tensor(fn, "q", q);
+  check_tensor(fn, "k", k);
+  check_tensor(fn, "v", v);
+  if (k.tokens != q.tokens)
+    throw std::invalid_argument(std::string(fn) + ": k has " + std::to_string(k.tokens) + " tokens but q has " +
+                                std::to_string(q.tokens));
+  if (v.tokens != q.tokens)
+    throw std::invalid_argument(std::string(fn) + ": v has " + std::to_string(v.tokens) + " tokens but q has " +
+                                std::to_string(q.tokens));
+  if (k.dim != q.dim)
+    throw std::invalid_argument(std::string(fn) + ": k has head dim " + std::to_string(k.dim) + " but q has " +
+                                std::to_string(q.dim));
+  if (v.dim != q.dim)
+    throw std::invalid_argument(std::string(fn) + ": v has head dim " + std::to_string(v.dim) + " but q has " +
+                                std::to_string(q.dim));
+  if (v.heads != k.heads)
+    throw std::invalid_argument(std::string(fn) + ": v has " + std::to_string(v.heads) + " heads but k has " +
+                                std::to_string(k.heads));
+  if (q.heads % k.heads != 0)
+    throw std::invalid_argument(std::string(fn) + ": q heads (" + std::to_string(q.heads) +
+                                ") must be a multiple of k/v heads (" + std::to_string(k.heads) + ")");
+  if (docs.total_tokens() != q.tokens)
+    throw std::invalid_argument(std::string(fn) + ": docs (cu_seqlens) cover " + std::to_string(docs.total_tokens()) +
+                                " tokens but q has " + std::to_string(q.tokens));
+}
+
+// Keys visible to document-local query p: [0, last].
+int last_visible_key(int p, int len, bool causal) { return causal ? p : len - 1; }
+
+// Head h of one document of x, copied into the two panel layouts the products stream through
+// contiguously (in place, packed rows of one head sit H * D values apart, which for H * D * 8 a
+// multiple of 4 KiB puts every row on its own page and on the same cache sets):
+//   by_keys      [ld / kCols][D][kCols]   kCols consecutive keys side by side, for q . k_j
+//   by_features  [dp / kCols][len][kCols] kCols consecutive features side by side, for sum_j w_j k_j
+// with keys zero-padded to ld = round_up(len, kCols) and features to dp = round_up(D, kCols).
+struct DocHead {
+  int len = 0, dim = 0, dp = 0, ld = 0;
+  std::vector<double> by_keys, by_features;
+  const double* key_panel(int j0) const { return by_keys.data() + size_t(j0) * dim; }
+  const double* feature_panel(int f0) const { return by_features.data() + size_t(f0) * len; }
+};
+
+DocHead load_head(const PackedTensor& x, int begin, int len, int h, bool want_by_keys, bool want_by_features) {
+  DocHead out;
+  out.len = len, out.dim = x.dim, out.dp = round_up(x.dim, kCols), out.ld = round_up(len, kCols);
+  if (want_by_keys) out.by_keys.assign(size_t(out.ld) * out.dim, 0.0);
+  if (want_by_features) out.by_features.assign(size_t(out.dp) * len, 0.0);
+  for (int j = 0; j < len; ++j) {
+    const double* src = x.row(begin + j, h);
+    for (int f = 0; f < x.dim; ++f) {
+      if (want_by_keys) out.by_keys[(size_t(j / kCols) * x.dim + f) * kCols + j % kCols] = src[f];
+      if (want_by_features) out.by_features[(size_t(f / kCols) * len + j) * kCols + f % kCols] = src[f];
+    }
+  }
+  return out;
+}
+
+// A tile of kRows query rows p0 .. p0 + kRows - 1 of one head; rows past the document end have
+// last = -1 and see no key.
+struct RowTile {
+  int p0 = 0, n = 0;
+  int last[kRows];
+  int common_last = 0, tile_last = -1;  // min and max of last over the tile
+};
+
+RowTile make_tile(int p0, int len, bool causal) {
+  RowTile t;
+  t.p0 = p0, t.n = std::min(kRows, len - p0);
+  t.common_last = len;
+  for (int r = 0; r < kRows; ++r) {
+    t.last[r] = r < t.n ? last_visible_key(p0 + r, len, causal) : -1;
+    t.common_last = std::min(t.common_last, t.last[r]);
+    t.tile_last = std::max(t.tile_last, t.last[r]);
+  }
+  return t;
+}
+
+// The tile's rows of head h of x, zero-padded, both row-major [kRows][dp] and transposed [D][kRows].
+struct TileRows {
+  std::vector<double> rows, cols;
+  TileRows(int dim, int dp) : rows(size_t(kRows) * dp), cols(size_t(kRows) * dim) {}
+  void load(const PackedTensor& x, int begin, const RowTile& t, int h, int dp) {
+    std::fill(rows.begin(), rows.end(), 0.0);
+    std::fill(cols.begin(), cols.end(), 0.0);
+    for (int r = 0; r < t.n; ++r) {
+      const double* src = x.row(begin + t.p0 + r, h);
+      for (int f = 0; f < x.dim; ++f) rows[size_t(r) * dp + f] = cols[size_t(f) * kRows + r] = src[f];
+    }
+  }
+};
+
+using Acc = double[kRows][kCols];
+
+// acc[r][c] += sum_{i in [i0, i1)} a[i][r] * b[i][c], summed in i order, with a [.][kRows] and
+// b [.][kCols]. Every product below is this outer-product accumulation over a register tile.
+void accumulate(const double* a, const double* b, int i0, int i1, Acc& acc) {
+  for (int i = i0; i < i1; ++i) {
+    const double* ai = a + size_t(i) * kRows;
+    const double* bi = b + size_t(i) * kCols;
+    for (int r = 0; r < kRows; ++r)
+      for (int c = 0; c < kCols; ++c) acc[r][c] += ai[r] * bi[c];
+  }
+}
+
+// out[j][r] = a_r . b_j for keys j < ncols (a multiple of kCols), summed in feature order: each
+// entry is the plain dot product, whatever tile computes it. a is a tile's cols [D][kRows].
+void scores(const std::vector<double>& a, const DocHead& b, int ncols, double* out) {
+  for (int j0 = 0; j0 < ncols; j0 += kCols) {
+    Acc acc = {};
+    accumulate(a.data(), b.key_panel(j0), 0, b.dim, acc);
+    for (int c = 0; c < kCols; ++c)
+      for (int r = 0; r < kRows; ++r) out[size_t(j0 + c) * kRows + r] = acc[r][c];
+  }
+}
+
+// out[r][f] = sum_{j <= last[r]} w[j][r] * b_j[f], summed in key order (rows share the keys up to
+// common_last, then each row adds its own remaining keys).
+void combine(const double* w, const DocHead& b, const RowTile& t, double* out) {
+  for (int f0 = 0; f0 < b.dp; f0 += kCols) {
+    Acc acc = {};
+    accumulate(w, b.feature_panel(f0), 0, t.common_last + 1, acc);
+    const double* panel = b.feature_panel(f0);
+    for (int r = 0; r < kRows; ++r)
+      for (int j = t.common_last + 1; j <= t.last[r]; ++j)
+        for (int c = 0; c < kCols; ++c) acc[r][c] += w[size_t(j) * kRows + r] * panel[size_t(j) * kCols + c];
+    for (int r = 0; r < kRows; ++r)
+      for (int c = 0; c < kCols; ++c) out[size_t(r) * b.dp + f0 + c] = acc[r][c];
+  }
+}
+
+// x[j][f] += sum_r w[j][r] * a[r][f] for keys j <= last_key (w is 0 where a row does not see j).
+void rank_update(const double* w, const std::vector<double>& a, int dp, int last_key, double* x) {
+  for (int j = 0; j <= last_key; ++j) {
+    const double* wj = w + size_t(j) * kRows;
+    double* xj = x + size_t(j) * dp;
+    for (int f = 0; f < dp; ++f) {
+      double s = xj[f];
+      for (int r = 0; r < kRows; ++r) s += wj[r] * a[size_t(r) * dp + f];
+      xj[f] = s;
+    }
+  }
+}
+
+}  // namespace
+
+ForwardOutputs reference_forward(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
+                                 const Documents& docs, const AttentionShape& shape) {
+  static constexpr const char* kFn = "reference_forward";
+  check_qkv(kFn, q, k, v, docs);
+  const int T = q.tokens, Hq = q.heads, Hkv = k.heads, D = q.dim, group = Hq / Hkv;
+  const double scale = shape.scale_for(D);
+  ForwardOutputs out{PackedTensor(T, Hq, D), HeadTokenTensor(Hq, T)};
+
+  // Item (doc, g) owns the O and lse rows of the query heads of kv head g in doc.
+  parallel_for(docs.count() * Hkv, [&](int item) {
+    const int doc = item / Hkv, g = item % Hkv, begin = docs.begin(doc), len = docs.length(doc);
+    if (len == 0) return;
+    const DocHead kh = load_head(k, begin, len, g, true, false), vh = load_head(v, begin, len, g, false, true);
+    const int dp = kh.dp, ld = kh.ld;
+    TileRows qt(D, dp);
+    std::vector<double> s(size_t(ld) * kRows), acc(size_t(kRows) * dp);  // s: [key][row]
+    for (int h = g * group; h < (g + 1) * group; ++h) {
+      for (int p0 = 0; p0 < len; p0 += kRows) {
+        const RowTile t = make_tile(p0, len, shape.causal);
+        qt.load(q, begin, t, h, dp);
+        scores(qt.cols, kh, round_up(t.tile_last + 1, kCols), s.data());
+        double m[kRows], l[kRows];
+        for (int r = 0; r < kRows; ++r) {
+          m[r] = -kInf;
+          for (int j = 0; j <= t.last[r]; ++j) m[r] = std::max(m[r], s[size_t(j) * kRows + r] *= scale);
+          // A non-finite max would turn into inf - inf; 0 lets inf/NaN logits propagate instead.
+          if (!std::isfinite(m[r])) m[r] = 0.0;
+          l[r] = 0.0;
+          for (int j = 0; j <= t.tile_last; ++j) {
+            double& e = s[size_t(j) * kRows + r];
+            e = j <= t.last[r] ? std::exp(e - m[r]) : 0.0;
+            l[r] += e;
+          }
+        }
+        combine(s.data(), vh, t, acc.data());
+        for (int r = 0; r < t.n; ++r) {
+          double* o = out.o.row(begin + p0 + r, h);
+          for (int f = 0; f < D; ++f) o[f] = acc[size_t(r) * dp + f] / l[r];
+          out.lse.at(h, begin + p0 + r) = m[r] + std::log(l[r]);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
+                             const PackedTensor& o, const HeadTokenTensor& lse, const PackedTensor& dout,
+                             const Documents& docs, const AttentionShape& shape) {
+  static constexpr const char* kFn = "reference_backward";
+  check_qkv(kFn, q, k, v, docs);
+  check_same_shape(kFn, "o", o, q);
+  check_same_shape(kFn, "dout", dout, q);
+  if (lse.heads != q.heads || lse.tokens != q.tokens || lse.data.size() != size_t(lse.heads) * size_t(lse.tokens))
+    throw std::invalid_argument(std::string(kFn) + ": lse must be [Hq, T] = [" + std::to_string(q.heads) + ", " +
+                                std::to_string(q.tokens) + "] with as many values, got [" + std::to_string(lse.heads) +
+                                ", " + std::to_string(lse.tokens) + "] holding " + std::to_string(lse.data.size()));
+  const int T = q.tokens, Hq = q.heads, Hkv = k.heads, D = q.dim, group = Hq / Hkv;
+  const double scale = shape.scale_for(D);
+  Gradients out{PackedTensor(T, Hq, D), PackedTensor(T, Hkv, D), PackedTensor(T, Hkv, D)};
+
+  // Item (doc, g) owns the dk/dv rows of kv head g in doc and the dq rows of its query heads.
+  parallel_for(docs.count() * Hkv, [&](int item) {
+    const int doc = item / Hkv, g = item % Hkv, begin = docs.begin(doc), len = docs.length(doc);
+    if (len == 0) return;
+    const DocHead kh = load_head(k, begin, len, g, true, true), vh = load_head(v, begin, len, g, true, false);
+    const int dp = kh.dp, ld = kh.ld;
+    std::vector<double> dk(size_t(len) * dp), dv(size_t(len) * dp);
+    TileRows qt(D, dp), gt(D, dp);
+    std::vector<double> p(size_t(ld) * kRows), ds(size_t(ld) * kRows), dq(size_t(kRows) * dp);  // p, ds: [key][row]
+    for (int h = g * group; h < (g + 1) * group; ++h) {
+      for (int p0 = 0; p0 < len; p0 += kRows) {
+        const RowTile t = make_tile(p0, len, shape.causal);
+        qt.load(q, begin, t, h, dp);
+        gt.load(dout, begin, t, h, dp);
+        const int ncols = round_up(t.tile_last + 1, kCols);
+        scores(qt.cols, kh, ncols, p.data());   // q . k
+        scores(gt.cols, vh, ncols, ds.data());  // dout . v
+        for (int r = 0; r < kRows; ++r) {
+          double lse_r = 0.0, d_r = 0.0;
+          if (r < t.n) {
+            lse_r = lse.at(h, begin + p0 + r);
+            const double* orow = o.row(begin + p0 + r, h);
+            for (int f = 0; f < D; ++f) d_r += gt.rows[size_t(r) * dp + f] * orow[f];
+          }
+          for (int j = 0; j <= t.tile_last; ++j) {
+            double& pj = p[size_t(j) * kRows + r];
+            double& dsj = ds[size_t(j) * kRows + r];
+            if (j <= t.last[r]) {
+              pj = std::exp(scale * pj - lse_r);
+              dsj = scale * pj * (dsj - d_r);  // scale * dS
+            } else {
+              pj = dsj = 0.0;
+            }
+          }
+        }
+        combine(ds.data(), kh, t, dq.data());
+        for (int r = 0; r < t.n; ++r) std::copy_n(dq.data() + size_t(r) * dp, D, out.dq.row(begin + p0 + r, h));
+        rank_update(ds.data(), qt.rows, dp, t.tile_last, dk.data());
+        rank_update(p.data(), gt.rows, dp, t.tile_last, dv.data());
+      }
+    }
+    for (int j = 0; j < len; ++j) {
+      std::copy_n(dk.data() + size_t(j) * dp, D, out.dk.row(begin + j, g));
+      std::copy_n(dv.data() + size_t(j) * dp, D, out.dv.row(begin + j, g));
+    }
+  });
+  return out;
+}
+
+}  // namespace flamia::reference

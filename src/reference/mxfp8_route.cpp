@@ -1,0 +1,317 @@
+#include "reference/mxfp8_route.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <numbers>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/parallel.h"
+#include "core/tiling.h"
+#include "formats/minifloat.h"
+
+namespace flamia::reference {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// max that lets NaN win, so a non-finite input poisons every result it reaches.
+double nan_max(double a, double b) { return (std::isnan(a) || std::isnan(b)) ? double(NAN) : std::max(a, b); }
+
+const std::array<double, 256>& e4m3_values() {
+  static const std::array<double, 256> table = [] {
+    std::array<double, 256> t{};
+    for (int c = 0; c < 256; ++c) t[c] = formats::decode_e4m3(uint8_t(c));
+    return t;
+  }();
+  return table;
+}
+
+// The unscaled E4M3 values of one document and head of an operand, [len, D], plus per-token
+// scale exponents: the form every product below reads.
+struct DocOperand {
+  int dim = 0;
+  std::vector<double> values;
+  std::vector<double> exponents;
+  const double* row(int p) const { return values.data() + size_t(p) * dim; }
+};
+
+DocOperand load(const Mxfp8Tensor& x, int begin, int len, int head) {
+  const auto& lut = e4m3_values();
+  DocOperand out;
+  out.dim = x.dim;
+  out.values.resize(size_t(len) * x.dim);
+  out.exponents.resize(len);
+  for (int p = 0; p < len; ++p) {
+    const uint8_t* c = x.code_row(begin + p, head);
+    for (int f = 0; f < x.dim; ++f) out.values[size_t(p) * x.dim + f] = lut[c[f]];
+    out.exponents[p] = x.exponent(begin + p, head);
+  }
+  return out;
+}
+
+double dot(const double* a, const double* b, int n) {
+  double s = 0.0;
+  for (int f = 0; f < n; ++f) s += a[f] * b[f];
+  return s;
+}
+void axpy(double a, const double* x, double* y, int n) {
+  for (int f = 0; f < n; ++f) y[f] += a * x[f];
+}
+
+// Rounds a fresh operand value to E4M3 and counts saturation (|x| > 448 clips).
+double round_fresh(double x, int64_t& saturated) {
+  if (std::fabs(x) > formats::kE4M3Max) ++saturated;
+  return formats::round_e4m3(x);
+}
+
+// Keys visible to document-local query p: [0, last] with last = p (causal) or len - 1.
+int last_visible_key(int p, int len, bool causal) { return causal ? p : len - 1; }
+
+// Base-2 logit of query p and key j with the Q and K scales factored out of the dot product.
+double logit2(const DocOperand& q, int p, const DocOperand& k, int j, double scale_log2e) {
+  return dot(q.row(p), k.row(j), q.dim) * std::exp2(q.exponents[p] + k.exponents[j]) * scale_log2e;
+}
+
+int kv_head_of(int q_head, int q_heads, int kv_heads) { return q_head / (q_heads / kv_heads); }
+
+void check_inputs(const QuantizedInputs& in, const Documents& docs) {
+  if (in.q.tokens != docs.total_tokens() || in.k.tokens != in.q.tokens || in.v.tokens != in.q.tokens)
+    throw std::invalid_argument("q, k, v and cu_seqlens must cover the same number of tokens");
+  if (in.k.heads != in.v.heads || in.k.heads == 0 || in.q.heads % in.k.heads != 0)
+    throw std::invalid_argument("q heads (" + std::to_string(in.q.heads) + ") must be a multiple of k/v heads (" +
+                                std::to_string(in.k.heads) + ")");
+  if (in.k.dim != in.q.dim || in.v.dim != in.q.dim) throw std::invalid_argument("q, k and v must share the head dim");
+}
+
+}  // namespace
+
+double RouteStats::row_residual_rms() const { return rows ? std::sqrt(row_residual_sum_sq / double(rows)) : 0.0; }
+
+void RouteStats::merge(const RouteStats& o) {
+  saturated_q += o.saturated_q, saturated_k += o.saturated_k, saturated_v += o.saturated_v;
+  saturated_g += o.saturated_g, saturated_p += o.saturated_p, saturated_u += o.saturated_u;
+  u_nonzero += o.u_nonzero, u_zeroed += o.u_zeroed, rows += o.rows;
+  row_residual_max = nan_max(row_residual_max, o.row_residual_max);
+  row_residual_sum_sq += o.row_residual_sum_sq;
+}
+
+void check_route_options(const AttentionShape& shape, const NumericsOptions& options, int head_dim) {
+  if (options.isolation == Isolation::kPrefix && !shape.causal)
+    throw std::invalid_argument("isolation=prefix needs causal=true: without a causal mask every query reads its future");
+  if (options.isolation == Isolation::kPrefix && options.u_scale == UScaleGeometry::kSquare32)
+    throw std::invalid_argument("u_scale=square32 shares one scale between query rows of a 32x32 square, which couples "
+                                "a row to later rows; isolation=prefix needs u_scale=rowcol");
+  if (options.p_boost_log2 < 0 || options.p_boost_log2 > 8)
+    throw std::invalid_argument("p_boost_log2 must lie in [0, 8] so that boosted P (<= 2^boost) never exceeds 448");
+  if (options.hadamard && hadamard_block_size(head_dim) == 0)
+    throw std::invalid_argument("hadamard=true needs head_dim a multiple of 64, got " + std::to_string(head_dim));
+}
+
+QuantizedInputs quantize_inputs(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
+                                const Documents& docs, const NumericsOptions& options) {
+  const ScaleGeometry geometry = options.effective_geometry();
+  QuantizedInputs out;
+  out.hadamard = options.hadamard;
+  if (options.hadamard) {
+    PackedTensor qr = q, kr = k;
+    hadamard_rotate(qr);
+    hadamard_rotate(kr);
+    out.q = quantize_mxfp8(qr, docs, geometry, options.scale_rule);
+    out.k = quantize_mxfp8(kr, docs, geometry, options.scale_rule);
+  } else {
+    out.q = quantize_mxfp8(q, docs, geometry, options.scale_rule);
+    out.k = quantize_mxfp8(k, docs, geometry, options.scale_rule);
+  }
+  out.v = quantize_mxfp8(v, docs, geometry, options.scale_rule);
+  return out;
+}
+
+ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, const AttentionShape& shape,
+                             const NumericsOptions& options, RouteStats* stats) {
+  check_inputs(in, docs);
+  check_route_options(shape, options, in.q.dim);
+  const int T = in.q.tokens, Hq = in.q.heads, Hkv = in.k.heads, D = in.q.dim;
+  const double scale_log2e = shape.scale_for(D) * std::numbers::log2e;
+  const int boost = options.p_boost_log2;
+  ForwardOutputs out{PackedTensor(T, Hq, D), HeadTokenTensor(Hq, T)};
+  std::vector<RouteStats> item_stats(size_t(docs.count()) * Hq);
+
+  parallel_for(docs.count() * Hq, [&](int item) {
+    const int doc = item / Hq, h = item % Hq, begin = docs.begin(doc), len = docs.length(doc);
+    if (len == 0) return;
+    const int kvh = kv_head_of(h, Hq, Hkv);
+    const DocOperand q = load(in.q, begin, len, h), k = load(in.k, begin, len, kvh), v = load(in.v, begin, len, kvh);
+    RouteStats& st = item_stats[item];
+
+    // Mask-aware fold reference: the running max of the V exponents over the visible keys.
+    std::vector<double> rho(len);
+    double running = -kInf;
+    for (int j = 0; j < len; ++j) rho[j] = running = nan_max(running, v.exponents[j]);
+    if (!shape.causal) std::fill(rho.begin(), rho.end(), running);
+
+    std::vector<double> s(tiling::kFwdKeyTile), acc(D);
+    for (int p = 0; p < len; ++p) {
+      const int last = last_visible_key(p, len, shape.causal);
+      double m = -kInf, l = 0.0;
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int kt = last / tiling::kFwdKeyTile; kt >= 0; --kt) {  // diagonal tile first
+        const int j0 = kt * tiling::kFwdKeyTile, j1 = std::min(j0 + tiling::kFwdKeyTile, last + 1);
+        double m_new = m;
+        for (int j = j0; j < j1; ++j) m_new = nan_max(m_new, s[j - j0] = logit2(q, p, k, j, scale_log2e));
+        const double alpha = m == -kInf ? 0.0 : std::exp2(m - m_new);
+        l *= alpha;
+        for (double& a : acc) a *= alpha;
+        for (int j = j0; j < j1; ++j) {
+          const double pj = std::exp2(s[j - j0] - m_new);
+          l += pj;  // the row sum uses unrounded p
+          const double pt = round_fresh(pj * std::exp2(boost + v.exponents[j] - rho[p]), st.saturated_p);
+          if (pt != 0.0) axpy(pt, v.row(j), acc.data(), D);
+        }
+        m = m_new;
+      }
+      const double o_scale = std::exp2(rho[p] - boost) / l;
+      double* o = out.o.row(begin + p, h);
+      for (int f = 0; f < D; ++f) o[f] = formats::round_to_bf16(acc[f] * o_scale);
+      out.lse.at(h, begin + p) = double(float((m + std::log2(l)) / std::numbers::log2e));
+    }
+  });
+  if (stats) {
+    for (const auto& st : item_stats) stats->merge(st);
+    stats->saturated_q += in.q.saturated, stats->saturated_k += in.k.saturated, stats->saturated_v += in.v.saturated;
+  }
+  return out;
+}
+
+Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, const PackedTensor& dout,
+                         const Documents& docs, const AttentionShape& shape, const NumericsOptions& options,
+                         RouteStats* stats) {
+  check_inputs(in, docs);
+  check_route_options(shape, options, in.q.dim);
+  const int T = in.q.tokens, Hq = in.q.heads, Hkv = in.k.heads, D = in.q.dim;
+  if (dout.tokens != T || dout.heads != Hq || dout.dim != D) throw std::invalid_argument("dout must have the shape of q");
+  if (fwd.o.tokens != T || fwd.o.heads != Hq || fwd.lse.tokens != T || fwd.lse.heads != Hq)
+    throw std::invalid_argument("the saved forward outputs (o, lse) must match q");
+  const double scale = shape.scale_for(D), scale_log2e = scale * std::numbers::log2e;
+  const int boost = options.p_boost_log2, group = Hq / Hkv;
+  const Mxfp8Tensor g_codes = quantize_mxfp8(dout, docs, options.effective_geometry(), options.scale_rule);
+  Gradients out{PackedTensor(T, Hq, D), PackedTensor(T, Hkv, D), PackedTensor(T, Hkv, D)};
+  // dK and dV accumulate over the query heads of a KV group; dQ rows are owned by one item too.
+  std::vector<RouteStats> item_stats(size_t(docs.count()) * Hkv);
+
+  parallel_for(docs.count() * Hkv, [&](int item) {
+    const int doc = item / Hkv, kvh = item % Hkv, begin = docs.begin(doc), len = docs.length(doc);
+    if (len == 0) return;
+    RouteStats& st = item_stats[item];
+    const DocOperand k = load(in.k, begin, len, kvh), v = load(in.v, begin, len, kvh);
+    std::vector<double> dk(size_t(len) * D, 0.0), dv(size_t(len) * D, 0.0);
+    constexpr int kQT = tiling::kBwdQueryTile, kKT = tiling::kBwdKeyTile;
+    std::vector<double> P(size_t(kQT) * len), U(size_t(kQT) * len), column(kQT);
+
+    for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+      const DocOperand q = load(in.q, begin, len, h), g = load(g_codes, begin, len, h);
+      double gamma = -kInf;  // dV fold reference: the document's largest dO exponent
+      for (double e : g.exponents) gamma = nan_max(gamma, e);
+
+      for (int p0 = 0; p0 < len; p0 += kQT) {
+        const int rows = std::min(kQT, len - p0);
+        std::fill(P.begin(), P.end(), 0.0);
+        std::fill(U.begin(), U.end(), 0.0);
+        // Rebuild P and form U row by row; dV needs only P.
+        for (int r = 0; r < rows; ++r) {
+          const int p = p0 + r, last = last_visible_key(p, len, shape.causal);
+          const double lse2 = fwd.lse.at(h, begin + p) * std::numbers::log2e;
+          const double* o = fwd.o.row(begin + p, h);
+          double Di = 0.0;  // D_i from the reconstructed dO and the saved O
+          for (int f = 0; f < D; ++f) Di += g.row(p)[f] * o[f];
+          Di *= std::exp2(g.exponents[p]);
+          double residual = 0.0;
+          for (int j = 0; j <= last; ++j) {
+            const double pij = std::exp2(logit2(q, p, k, j, scale_log2e) - lse2);
+            const double eij = dot(g.row(p), v.row(j), D) * std::exp2(g.exponents[p] + v.exponents[j]);
+            const double uij = pij * (eij - Di);
+            P[size_t(r) * len + j] = pij;
+            U[size_t(r) * len + j] = uij;
+            residual += uij * scale;
+            const double pt = round_fresh(pij * std::exp2(boost + g.exponents[p] - gamma), st.saturated_p);
+            if (pt != 0.0) axpy(pt * std::exp2(gamma - boost), g.row(p), &dv[size_t(j) * D], D);
+          }
+          st.row_residual_max = nan_max(st.row_residual_max, std::fabs(residual));
+          st.row_residual_sum_sq += residual * residual;
+          ++st.rows;
+        }
+        const int last_col = last_visible_key(p0 + rows - 1, len, shape.causal);
+
+        if (options.u_scale == UScaleGeometry::kSquare32) {
+          // Blackwell layout: one U code set with 32x32 square scales serves both products, and
+          // the K and Q scales stay with their operands (block-scaled MMA), so nothing is folded.
+          std::vector<double> block(U.begin(), U.begin() + size_t(rows) * len);
+          const SquareQuantized uq = quantize_squares(block, rows, len, tiling::kUSquare);
+          st.u_nonzero += uq.nonzero, st.u_zeroed += uq.zeroed;
+          for (int r = 0; r < rows; ++r) {
+            double* dq = out.dq.row(begin + p0 + r, h);
+            for (int j = 0; j <= last_col; ++j) {
+              const double u = uq.values[size_t(r) * len + j];
+              if (u == 0.0) continue;
+              axpy(u * scale * std::exp2(k.exponents[j]), k.row(j), dq, D);
+              axpy(u * scale * std::exp2(q.exponents[p0 + r]), q.row(p0 + r), &dk[size_t(j) * D], D);
+            }
+          }
+          continue;
+        }
+
+        // dQ = U.K: fold K's per-key scale into U, one U scale per (row, key tile).
+        for (int r = 0; r < rows; ++r) {
+          const int p = p0 + r, last = last_visible_key(p, len, shape.causal);
+          double* dq = out.dq.row(begin + p, h);
+          for (int j0 = 0; j0 <= last; j0 += kKT) {
+            const int j1 = std::min(j0 + kKT, last + 1);
+            double amax = 0.0;
+            for (int j = j0; j < j1; ++j) amax = nan_max(amax, std::fabs(U[size_t(r) * len + j] * std::exp2(k.exponents[j])));
+            const uint8_t sigma = formats::scale_for_amax(amax, ScaleRule::kCeil);
+            for (int j = j0; j < j1; ++j) {
+              const double w = U[size_t(r) * len + j] * std::exp2(k.exponents[j]);
+              const double wt = formats::decode_scaled_e4m3(formats::encode_scaled_e4m3(w, sigma), sigma);
+              if (w != 0.0) {
+                ++st.u_nonzero;
+                if (wt == 0.0) ++st.u_zeroed;
+              }
+              if (wt != 0.0) axpy(wt * scale, k.row(j), dq, D);
+            }
+          }
+        }
+        // dK = U^T.Q: fold Q's per-query scale into U, one U scale per (column, query tile).
+        for (int j = 0; j <= last_col; ++j) {
+          double amax = 0.0;
+          for (int r = 0; r < rows; ++r)
+            amax = nan_max(amax, std::fabs(column[r] = U[size_t(r) * len + j] * std::exp2(q.exponents[p0 + r])));
+          const uint8_t tau = formats::scale_for_amax(amax, ScaleRule::kCeil);
+          for (int r = 0; r < rows; ++r) {
+            const double wt = formats::decode_scaled_e4m3(formats::encode_scaled_e4m3(column[r], tau), tau);
+            if (wt != 0.0) axpy(wt * scale, q.row(p0 + r), &dk[size_t(j) * D], D);
+          }
+        }
+      }
+    }
+    for (int j = 0; j < len; ++j) {
+      std::copy_n(&dk[size_t(j) * D], D, out.dk.row(begin + j, kvh));
+      std::copy_n(&dv[size_t(j) * D], D, out.dv.row(begin + j, kvh));
+    }
+  });
+  if (in.hadamard) {  // gradients w.r.t. the rotated Q and K rotate back with the same matrix
+    hadamard_rotate(out.dq);
+    hadamard_rotate(out.dk);
+  }
+  for (PackedTensor* t : {&out.dq, &out.dk, &out.dv})
+    for (double& x : t->data) x = formats::round_to_bf16(x);  // the kernels return BF16
+  if (stats) {
+    for (const auto& st : item_stats) stats->merge(st);
+    stats->saturated_g += g_codes.saturated;
+  }
+  return out;
+}
+
+}  // namespace flamia::reference

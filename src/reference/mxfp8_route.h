@@ -1,0 +1,69 @@
+// The emulated MXFP8 attention route (DESIGN.md §2): the spec of record for the Hopper kernels.
+//
+// Quantization is bit-exact (the same codes and scales the GPU must produce); products are
+// accumulated in double. The tile structure that decides rounding (which running max P is
+// rounded against, which keys share a U scale) follows core/tiling.h, so GPU kernels that use
+// the same tiles differ from this only by accumulation order and FP32/FP8 accumulators.
+//
+// Forward, per query i and visible key j of its document (s in log2 units):
+//   s_ij  = (cq_i . ck_j) 2^(eq_i + ek_j) * scale * log2(e)        Q/K scales factored out
+//   p_ij  = 2^(s_ij - m_i)   with m_i the running max after each key tile (diagonal tile first)
+//   O_i   = sum_j E4M3(p_ij 2^(boost + ev_j - rho_i)) cv_j * 2^(rho_i - boost) / l_i
+//   rho_i = max of ev_j over the keys visible to i (a mask-aware fold reference: it never
+//           looks at keys after i, so it is prefix-safe in every mode)
+// Backward, rebuilding P from the saved LSE with the forward's codes:
+//   D_i = sum_f G^_if O_if (reconstructed dO, saved BF16 O);  E_ij = (cg_i . cv_j) 2^(eg_i + ev_j)
+//   U_ij = P_ij (E_ij - D_i);  dS = scale * U
+//   dV_j = sum_i E4M3(P_ij 2^(boost + eg_i - gamma)) cg_i 2^(gamma - boost), gamma = max eg in the document
+//   dQ_i = scale * sum_tiles 2^sigma sum_j E4M3(U_ij 2^ek_j / 2^sigma) ck_j,  sigma per (row, key tile)
+//   dK_j = scale * sum_tiles 2^tau   sum_i E4M3(U_ij 2^eq_i / 2^tau) cq_i,    tau per (column, query tile)
+// (or, with UScaleGeometry::kSquare32, one 32x32 U square scale shared by both products.)
+#pragma once
+
+#include <cstdint>
+
+#include "core/documents.h"
+#include "core/options.h"
+#include "reference/quantize.h"
+#include "reference/tensor.h"
+
+namespace flamia::reference {
+
+// Diagnostics of one emulated call (DESIGN.md §4).
+struct RouteStats {
+  int64_t saturated_q = 0, saturated_k = 0, saturated_v = 0, saturated_g = 0;  // loaded operands
+  int64_t saturated_p = 0, saturated_u = 0;                                    // fresh operands
+  int64_t u_nonzero = 0, u_zeroed = 0;  // U entries in the dQ product: nonzero, and of those rounded to 0
+  int64_t rows = 0;                     // query rows that contributed a row residual
+  double row_residual_max = 0.0;        // max_i |sum_j dS_ij| before U is rounded
+  double row_residual_sum_sq = 0.0;
+
+  double u_zero_fraction() const { return u_nonzero ? double(u_zeroed) / double(u_nonzero) : 0.0; }
+  double row_residual_rms() const;
+  void merge(const RouteStats& other);
+};
+
+// Q, K and V after the optional Hadamard rotation, encoded once; the forward and the backward
+// both read these codes.
+struct QuantizedInputs {
+  Mxfp8Tensor q, k, v;
+  bool hadamard = false;
+};
+
+QuantizedInputs quantize_inputs(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
+                                const Documents& docs, const NumericsOptions& options);
+
+// O (rounded to BF16) and the natural-log LSE (rounded to FP32), as the GPU returns them.
+ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, const AttentionShape& shape,
+                             const NumericsOptions& options, RouteStats* stats = nullptr);
+
+// dQ, dK, dV (rounded to BF16, rotated back when Q and K were rotated) for incoming dout.
+Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, const PackedTensor& dout,
+                         const Documents& docs, const AttentionShape& shape, const NumericsOptions& options,
+                         RouteStats* stats = nullptr);
+
+// Throws std::invalid_argument when the options cannot be honoured together (for example
+// prefix isolation without a causal mask, or 32x32 U squares in prefix mode).
+void check_route_options(const AttentionShape& shape, const NumericsOptions& options, int head_dim);
+
+}  // namespace flamia::reference

@@ -1,0 +1,167 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "analysis/inputs.h"
+#include "analysis/metrics.h"
+#include "analysis/numerics.h"
+#include "analysis/probe.h"
+#include "reference/attention_fp64.h"
+#include "reference/mxfp8_route.h"
+
+namespace flamia::reference {
+namespace {
+
+using analysis::compare;
+
+struct Call {
+  ForwardOutputs fwd;
+  Gradients grads;
+  RouteStats stats;
+};
+
+Call emulate(const analysis::AttentionInputs& in, const NumericsOptions& opt, bool causal = true) {
+  const AttentionShape shape{.causal = causal};
+  Call c;
+  const auto qin = quantize_inputs(in.q, in.k, in.v, in.docs, opt);
+  c.fwd = mxfp8_forward(qin, in.docs, shape, opt, &c.stats);
+  c.grads = mxfp8_backward(qin, c.fwd, in.dout, in.docs, shape, opt, &c.stats);
+  return c;
+}
+
+// DESIGN.md §4 bars on the configuration: 2 documents x 1024 tokens, causal, Hq = 4, D = 128.
+TEST(Mxfp8Route, MeetsTheAccuracyBarsOnTwoDocumentsOf1024) {
+  const auto in = analysis::random_inputs({{1024, 1024}, 4, 4, 128}, 0);
+  const auto rows = analysis::run_numerics(in, {.causal = true}, {NumericsOptions{}});
+  for (const auto& r : rows) {
+    SCOPED_TRACE(r.tensor);
+    if (r.tensor == "o") EXPECT_GE(r.cmp.cosine, 0.998);
+    if (r.tensor == "dq" || r.tensor == "dk" || r.tensor == "dv") EXPECT_GE(r.cmp.cosine, 0.997);
+    if (r.tensor == "lse") EXPECT_LT(r.cmp.max_abs, 0.2);
+    EXPECT_LT(r.stats.u_zero_fraction(), 0.01);
+    EXPECT_LT(r.stats.row_residual_rms(), 0.01);
+    EXPECT_EQ(r.stats.saturated_p + r.stats.saturated_u, 0);  // boost 2^8 and ceil U scales never clip
+  }
+}
+
+// Awkward packed shapes (lengths 1, 31, 32, 33, 127, 129, unaligned starts), GQA and MQA, causal
+// and not, every option combination: the route stays close to FP64 everywhere.
+class Mxfp8RouteShapes : public ::testing::TestWithParam<std::tuple<int, bool, int>> {};
+
+TEST_P(Mxfp8RouteShapes, TracksTheFp64Reference) {
+  const auto [kv_heads, causal, config] = GetParam();
+  const auto in = analysis::random_inputs({{1, 31, 32, 33, 127, 129, 3}, 4, kv_heads, 64}, 17);
+  const AttentionShape shape{.causal = causal};
+  const auto exact = reference_forward(in.q, in.k, in.v, in.docs, shape);
+  const auto exact_grads = reference_backward(in.q, in.k, in.v, exact.o, exact.lse, in.dout, in.docs, shape);
+  NumericsOptions opt = analysis::default_numerics_configs()[config];
+  if (!causal && opt.isolation == Isolation::kPrefix) {  // no causal mask: every query reads its future
+    EXPECT_THROW(emulate(in, opt, causal), std::invalid_argument);
+    return;
+  }
+  const Call c = emulate(in, opt, causal);
+  EXPECT_GT(compare(c.fwd.o.data, exact.o.data).cosine, 0.998);
+  EXPECT_LT(compare(c.fwd.lse.data, exact.lse.data).max_abs, 0.2);  // natural-log units; logits carry ~2^-5 relative error
+  EXPECT_GT(compare(c.grads.dq.data, exact_grads.dq.data).cosine, 0.995);
+  EXPECT_GT(compare(c.grads.dk.data, exact_grads.dk.data).cosine, 0.995);
+  EXPECT_GT(compare(c.grads.dv.data, exact_grads.dv.data).cosine, 0.997);
+}
+
+INSTANTIATE_TEST_SUITE_P(GqaMqaMhaCausalConfigs, Mxfp8RouteShapes,
+                         ::testing::Combine(::testing::Values(4, 2, 1), ::testing::Bool(), ::testing::Range(0, 5)));
+
+TEST(Mxfp8Route, HadamardRotationKeepsAccuracyAndRotatesGradientsBack) {
+  const auto in = analysis::random_inputs({{200, 70}, 2, 2, 128}, 4);
+  const AttentionShape shape{.causal = true};
+  const auto exact = reference_forward(in.q, in.k, in.v, in.docs, shape);
+  const auto exact_grads = reference_backward(in.q, in.k, in.v, exact.o, exact.lse, in.dout, in.docs, shape);
+  NumericsOptions opt;
+  opt.hadamard = true;
+  const Call c = emulate(in, opt);
+  EXPECT_GT(compare(c.fwd.o.data, exact.o.data).cosine, 0.998);
+  EXPECT_GT(compare(c.grads.dq.data, exact_grads.dq.data).cosine, 0.996);
+  EXPECT_GT(compare(c.grads.dk.data, exact_grads.dk.data).cosine, 0.996);
+}
+
+TEST(Mxfp8Route, NonFiniteInputReachesExactlyTheRowsThatSeeIt) {
+  auto in = analysis::random_inputs({{40, 40}, 2, 2, 32}, 8);
+  in.v.at(10, 0, 3) = NAN;  // document 0, kv head 0, position 10
+  for (ScaleGeometry geometry : {ScaleGeometry::kBlock32, ScaleGeometry::kToken}) {
+    NumericsOptions opt;
+    opt.scale_geometry = geometry;
+    const Call c = emulate(in, opt);
+    // The NaN poisons its scale group: all of V[0, 32) under block32, only V[10] per token. A causal
+    // row reads it when the group holds a key <= the row; other heads and documents stay finite.
+    const int first_poisoned_row = geometry == ScaleGeometry::kBlock32 ? 0 : 10;
+    for (int t = 0; t < 80; ++t) {
+      const bool poisoned = t >= first_poisoned_row && t < 40;
+      for (int f = 0; f < 32; ++f) {
+        ASSERT_EQ(std::isnan(c.fwd.o.at(t, 0, f)), poisoned) << to_string(geometry) << " row " << t;
+        ASSERT_FALSE(std::isnan(c.fwd.o.at(t, 1, f))) << "head 1 reads kv head 1";
+        ASSERT_EQ(std::isnan(c.grads.dq.at(t, 0, f)), poisoned) << "dQ reads V through E = dO.V^T and D = dO.O";
+        ASSERT_FALSE(std::isnan(c.grads.dv.at(t, 0, f))) << "dV = P^T dO does not read V";
+      }
+    }
+  }
+}
+
+TEST(Mxfp8Route, PrefixModeRejectsOptionsThatCannotBePrefixSafe) {
+  const auto in = analysis::random_inputs({{8}, 1, 1, 64}, 1);
+  NumericsOptions prefix;
+  prefix.isolation = Isolation::kPrefix;
+  const auto qin = quantize_inputs(in.q, in.k, in.v, in.docs, prefix);
+  EXPECT_THROW(mxfp8_forward(qin, in.docs, {.causal = false}, prefix), std::invalid_argument);
+  prefix.u_scale = UScaleGeometry::kSquare32;
+  EXPECT_THROW(mxfp8_forward(qin, in.docs, {.causal = true}, prefix), std::invalid_argument);
+  NumericsOptions big_boost;
+  big_boost.p_boost_log2 = 9;
+  EXPECT_THROW(mxfp8_forward(qin, in.docs, {.causal = true}, big_boost), std::invalid_argument);
+}
+
+TEST(Mxfp8Route, PrefixModeUsesPerTokenScales) {
+  NumericsOptions opt;
+  opt.isolation = Isolation::kPrefix;
+  EXPECT_EQ(opt.effective_geometry(), ScaleGeometry::kToken);
+  opt.isolation = Isolation::kDocument;
+  EXPECT_EQ(opt.effective_geometry(), ScaleGeometry::kBlock32);
+}
+
+// The isolation contract (DESIGN.md §3) on the CPU emulation, with the probe's controls.
+class IsolationProbe : public ::testing::TestWithParam<std::tuple<ScaleGeometry, ScaleRule, int>> {};
+
+TEST_P(IsolationProbe, PrefixModeIsBitwiseStableAndTheLeakIsVisibleInDocumentMode) {
+  analysis::ProbeOptions o;
+  std::tie(o.scale_geometry, o.scale_rule, o.kv_heads) = GetParam();
+  o.head_dim = 64;
+  const auto cases = analysis::run_probe(o);
+  ASSERT_EQ(cases.size(), 12u);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(std::string(to_string(c.mode)) + "/" + c.control + "/" + c.tensor);
+    EXPECT_GT(c.compared, 0);
+    if (c.mode == Isolation::kPrefix || c.control == "other_document") {
+      EXPECT_TRUE(c.bitwise_equal);
+      EXPECT_EQ(c.max_abs_change, 0.0);
+    }
+    // Token geometry has no straddling group, so document mode is prefix-safe there too; with
+    // block32 the suffix control must show the leak in O and dQ.
+    if (c.mode == Isolation::kDocument && c.control == "suffix" && c.tensor != "lse") {
+      EXPECT_EQ(c.bitwise_equal, o.scale_geometry == ScaleGeometry::kToken);
+    }
+  }
+  std::string why;
+  EXPECT_EQ(analysis::probe_passes(cases, &why), o.scale_geometry == ScaleGeometry::kBlock32) << why;
+}
+
+INSTANTIATE_TEST_SUITE_P(GeometryRuleHeads, IsolationProbe,
+                         ::testing::Combine(::testing::Values(ScaleGeometry::kBlock32, ScaleGeometry::kToken),
+                                            ::testing::Values(ScaleRule::kCeil, ScaleRule::kFloor), ::testing::Values(4, 1)));
+
+TEST(IsolationProbe, RejectsPositionsWithoutASuffix) {
+  analysis::ProbeOptions o;
+  o.position = o.lengths[1] - 1;
+  EXPECT_THROW(analysis::check_probe_options(o), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace flamia::reference

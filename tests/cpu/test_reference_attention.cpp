@@ -1,0 +1,302 @@
+// The exact FP64 reference attention: against a dense masked implementation, against finite
+// differences, and for the isolation properties (documents, causal prefixes) the routes rely on.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/documents.h"
+#include "reference/attention_fp64.h"
+
+namespace flamia::reference {
+namespace {
+
+PackedTensor random_tensor(int t, int h, int d, uint64_t seed, double stddev = 1.0) {
+  PackedTensor x(t, h, d);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, stddev);
+  for (double& e : x.data) e = normal(rng);
+  return x;
+}
+
+// Dense implementation: the full masked [T, T] score matrix per query head, built from token
+// indices and document_of() rather than from the document-local loops of the implementation.
+ForwardOutputs naive_forward(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
+                             const Documents& docs, const AttentionShape& shape) {
+  const int T = q.tokens, Hq = q.heads, D = q.dim, group = q.heads / k.heads;
+  const double scale = shape.scale_for(D);
+  ForwardOutputs out{PackedTensor(T, Hq, D), HeadTokenTensor(Hq, T)};
+  std::vector<double> s(size_t(T) * T);
+  for (int h = 0; h < Hq; ++h) {
+    const int kvh = h / group;
+    for (int i = 0; i < T; ++i)
+      for (int j = 0; j < T; ++j) {
+        const bool visible = docs.document_of(i) == docs.document_of(j) && (!shape.causal || j <= i);
+        double dot = 0.0;
+        for (int f = 0; f < D; ++f) dot += q.at(i, h, f) * k.at(j, kvh, f);
+        s[size_t(i) * T + j] = visible ? scale * dot : -std::numeric_limits<double>::infinity();
+      }
+    for (int i = 0; i < T; ++i) {
+      const double* row = &s[size_t(i) * T];
+      const double m = *std::max_element(row, row + T);
+      double l = 0.0;
+      for (int j = 0; j < T; ++j) l += std::exp(row[j] - m);
+      for (int j = 0; j < T; ++j) {
+        const double p = std::exp(row[j] - m) / l;
+        for (int f = 0; f < D; ++f) out.o.at(i, h, f) += p * v.at(j, kvh, f);
+      }
+      out.lse.at(h, i) = m + std::log(l);
+    }
+  }
+  return out;
+}
+
+struct Problem {
+  std::vector<int> lengths;
+  int hq, hkv, dim;
+  bool causal;
+};
+
+std::string name_of(const Problem& p) {
+  return "Hq=" + std::to_string(p.hq) + " Hkv=" + std::to_string(p.hkv) + " D=" + std::to_string(p.dim) +
+         (p.causal ? " causal" : " non-causal");
+}
+
+TEST(ReferenceAttention, ForwardMatchesDenseMaskedSoftmax) {
+  const std::vector<int> lengths = {5, 1, 13, 0, 9};
+  std::vector<Problem> problems;
+  for (bool causal : {true, false})
+    for (int dim : {8, 3})
+      for (auto [hq, hkv] : {std::pair{4, 2}, std::pair{4, 1}, std::pair{4, 4}, std::pair{6, 3}})
+        problems.push_back({lengths, hq, hkv, dim, causal});
+  problems.push_back({{0, 37, 2, 0, 17}, 2, 1, 5, true});  // longer documents, odd D
+  problems.push_back({{0, 37, 2, 0, 17}, 2, 1, 5, false});
+
+  uint64_t seed = 1;
+  for (const Problem& pb : problems) {
+    SCOPED_TRACE(name_of(pb));
+    const Documents docs = Documents::from_lengths(pb.lengths);
+    const int T = docs.total_tokens();
+    const PackedTensor q = random_tensor(T, pb.hq, pb.dim, seed++), k = random_tensor(T, pb.hkv, pb.dim, seed++),
+                       v = random_tensor(T, pb.hkv, pb.dim, seed++);
+    const AttentionShape shape{pb.causal, 0.0};
+    const ForwardOutputs got = reference_forward(q, k, v, docs, shape), want = naive_forward(q, k, v, docs, shape);
+    ASSERT_EQ(got.o.tokens, T);
+    ASSERT_EQ(got.o.heads, pb.hq);
+    ASSERT_EQ(got.o.dim, pb.dim);
+    ASSERT_EQ(got.lse.heads, pb.hq);
+    ASSERT_EQ(got.lse.tokens, T);
+    for (size_t i = 0; i < want.o.size(); ++i) ASSERT_NEAR(got.o.data[i], want.o.data[i], 1e-13) << "o[" << i << "]";
+    for (size_t i = 0; i < want.lse.data.size(); ++i)
+      ASSERT_NEAR(got.lse.data[i], want.lse.data[i], 1e-13) << "lse[" << i << "]";
+  }
+}
+
+TEST(ReferenceAttention, ForwardHonoursExplicitScaleAndLargeLogits) {
+  const int lengths[] = {3, 11, 6};
+  const Documents docs = Documents::from_lengths(lengths);
+  const int T = docs.total_tokens();
+  const PackedTensor q = random_tensor(T, 4, 16, 11, 30.0), k = random_tensor(T, 2, 16, 12, 30.0),
+                     v = random_tensor(T, 2, 16, 13);
+  for (bool causal : {true, false}) {
+    const AttentionShape shape{causal, 0.7};  // logits of several thousand: exp overflows without the max
+    const ForwardOutputs got = reference_forward(q, k, v, docs, shape), want = naive_forward(q, k, v, docs, shape);
+    for (size_t i = 0; i < want.o.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got.o.data[i]));
+      ASSERT_NEAR(got.o.data[i], want.o.data[i], 1e-12);
+    }
+    double largest = 0.0;
+    for (size_t i = 0; i < want.lse.data.size(); ++i) {
+      largest = std::max(largest, std::fabs(want.lse.data[i]));
+      ASSERT_NEAR(got.lse.data[i], want.lse.data[i], 1e-12 * std::max(1.0, std::fabs(want.lse.data[i])));
+    }
+    EXPECT_GT(largest, 1000.0);  // exp(1000) overflows double
+  }
+}
+
+TEST(ReferenceAttention, EmptyDocumentsAndEmptyBatch) {
+  const int none[] = {0, 0};
+  const Documents docs = Documents::from_lengths(none);
+  const PackedTensor q(0, 2, 4), k(0, 1, 4), v(0, 1, 4);
+  const ForwardOutputs fwd = reference_forward(q, k, v, docs, {});
+  EXPECT_EQ(fwd.o.size(), 0u);
+  const Gradients grads = reference_backward(q, k, v, fwd.o, fwd.lse, PackedTensor(0, 2, 4), docs, {});
+  EXPECT_EQ(grads.dq.size(), 0u);
+  EXPECT_EQ(grads.dk.size(), 0u);
+  EXPECT_EQ(grads.dv.size(), 0u);
+}
+
+// L = sum(O * W), accumulated in long double so that its own rounding stays below the noise of O.
+double loss(const PackedTensor& o, const PackedTensor& w) {
+  long double l = 0.0;
+  for (size_t i = 0; i < o.size(); ++i) l += (long double)o.data[i] * w.data[i];
+  return double(l);
+}
+
+TEST(ReferenceAttention, GradientsMatchCentralDifferences) {
+  const int lengths[] = {3, 0, 6, 1, 5};
+  const Documents docs = Documents::from_lengths(lengths);
+  const int T = docs.total_tokens(), Hq = 4, Hkv = 2, D = 4;
+  const double h = 1e-6;
+  for (bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "non-causal");
+    const AttentionShape shape{causal, 0.0};
+    PackedTensor q = random_tensor(T, Hq, D, 21), k = random_tensor(T, Hkv, D, 22), v = random_tensor(T, Hkv, D, 23);
+    const PackedTensor w = random_tensor(T, Hq, D, 24);
+    const ForwardOutputs fwd = reference_forward(q, k, v, docs, shape);
+    const Gradients grads = reference_backward(q, k, v, fwd.o, fwd.lse, w, docs, shape);
+
+    const auto check = [&](PackedTensor& x, const PackedTensor& dx, const char* name) {
+      double worst = 0.0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double x0 = x.data[i];
+        x.data[i] = x0 + h;
+        const double lp = loss(reference_forward(q, k, v, docs, shape).o, w);
+        x.data[i] = x0 - h;
+        const double lm = loss(reference_forward(q, k, v, docs, shape).o, w);
+        x.data[i] = x0;
+        const double numeric = (lp - lm) / (2 * h), analytic = dx.data[i];
+        const double err = std::fabs(numeric - analytic) / std::max(std::fabs(analytic), 1e-2);
+        worst = std::max(worst, err);
+        ASSERT_LE(err, 1e-6) << name << "[" << i << "]: numeric " << numeric << " analytic " << analytic;
+      }
+      std::ostringstream worst_text;
+      worst_text << std::scientific << worst;
+      RecordProperty(std::string("worst_relative_error_d") + name + (causal ? "_causal" : "_noncausal"),
+                     worst_text.str());
+    };
+    check(q, grads.dq, "q");
+    check(k, grads.dk, "k");
+    check(v, grads.dv, "v");
+  }
+}
+
+// Bitwise comparison of rows [t0, t1) of two tensors.
+void expect_rows_identical(const PackedTensor& a, const PackedTensor& b, int t0, int t1, const char* name) {
+  for (int t = t0; t < t1; ++t)
+    for (int hh = 0; hh < a.heads; ++hh)
+      for (int f = 0; f < a.dim; ++f)
+        ASSERT_EQ(a.at(t, hh, f), b.at(t, hh, f)) << name << " token " << t << " head " << hh << " feature " << f;
+}
+void expect_rows_identical(const HeadTokenTensor& a, const HeadTokenTensor& b, int t0, int t1, const char* name) {
+  for (int hh = 0; hh < a.heads; ++hh)
+    for (int t = t0; t < t1; ++t) ASSERT_EQ(a.at(hh, t), b.at(hh, t)) << name << " head " << hh << " token " << t;
+}
+
+void perturb_rows(PackedTensor& x, int t0, int t1, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal;
+  for (int t = t0; t < t1; ++t)
+    for (int hh = 0; hh < x.heads; ++hh)
+      for (int f = 0; f < x.dim; ++f) x.at(t, hh, f) += normal(rng);
+}
+
+TEST(ReferenceAttention, DocumentsAreIsolatedBitwise) {
+  const int lengths[] = {7, 0, 12, 5};
+  const Documents docs = Documents::from_lengths(lengths);
+  const int T = docs.total_tokens(), Hq = 4, Hkv = 2, D = 5, b = docs.begin(2), e = docs.end(2);
+  for (bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "non-causal");
+    const AttentionShape shape{causal, 0.0};
+    const PackedTensor q = random_tensor(T, Hq, D, 31), k = random_tensor(T, Hkv, D, 32),
+                       v = random_tensor(T, Hkv, D, 33), g = random_tensor(T, Hq, D, 34);
+    const ForwardOutputs f0 = reference_forward(q, k, v, docs, shape);
+    const Gradients g0 = reference_backward(q, k, v, f0.o, f0.lse, g, docs, shape);
+
+    // Change everything outside document 2: documents 0 and 3 (the empty one holds no token).
+    PackedTensor q1 = q, k1 = k, v1 = v, g1 = g;
+    for (auto* x : {&q1, &k1, &v1, &g1}) {
+      perturb_rows(*x, docs.begin(0), docs.end(0), 35);
+      perturb_rows(*x, docs.begin(3), docs.end(3), 36);
+    }
+    const ForwardOutputs f1 = reference_forward(q1, k1, v1, docs, shape);
+    const Gradients g1s = reference_backward(q1, k1, v1, f1.o, f1.lse, g1, docs, shape);
+    expect_rows_identical(f0.o, f1.o, b, e, "o");
+    expect_rows_identical(f0.lse, f1.lse, b, e, "lse");
+    expect_rows_identical(g0.dq, g1s.dq, b, e, "dq");
+    expect_rows_identical(g0.dk, g1s.dk, b, e, "dk");
+    expect_rows_identical(g0.dv, g1s.dv, b, e, "dv");
+    EXPECT_NE(f0.o.at(0, 0, 0), f1.o.at(0, 0, 0));  // the perturbed documents did change
+    EXPECT_NE(g0.dk.at(T - 1, 0, 0), g1s.dk.at(T - 1, 0, 0));
+  }
+}
+
+TEST(ReferenceAttention, CausalRowsDependOnlyOnTheirPrefix) {
+  const int lengths[] = {6, 19, 4};
+  const Documents docs = Documents::from_lengths(lengths);
+  const int T = docs.total_tokens(), Hq = 4, Hkv = 2, D = 6;
+  const AttentionShape shape{true, 0.0};
+  const PackedTensor q = random_tensor(T, Hq, D, 41), k = random_tensor(T, Hkv, D, 42),
+                     v = random_tensor(T, Hkv, D, 43), g = random_tensor(T, Hq, D, 44);
+  const ForwardOutputs f0 = reference_forward(q, k, v, docs, shape);
+  const Gradients g0 = reference_backward(q, k, v, f0.o, f0.lse, g, docs, shape);
+  for (int local : {0, 1, 3, 4, 10, 17}) {
+    const int i = docs.begin(1) + local;  // global position of local row `local` of document 1
+    SCOPED_TRACE("prefix through token " + std::to_string(i));
+    PackedTensor q1 = q, k1 = k, v1 = v;
+    for (auto* x : {&q1, &k1, &v1}) perturb_rows(*x, i + 1, T, 45 + local);
+    const ForwardOutputs f1 = reference_forward(q1, k1, v1, docs, shape);
+    const Gradients g1 = reference_backward(q1, k1, v1, f1.o, f1.lse, g, docs, shape);
+    expect_rows_identical(f0.o, f1.o, 0, i + 1, "o");
+    expect_rows_identical(f0.lse, f1.lse, 0, i + 1, "lse");
+    expect_rows_identical(g0.dq, g1.dq, 0, i + 1, "dq");
+    EXPECT_NE(f0.o.at(i + 1, 0, 0), f1.o.at(i + 1, 0, 0));  // the row after the prefix did change
+  }
+}
+
+void expect_invalid(const std::function<void()>& call, const std::string& fragment) {
+  try {
+    call();
+    ADD_FAILURE() << "no exception; expected one naming \"" << fragment << "\"";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+TEST(ReferenceAttention, BadShapesThrowNamingTheArgument) {
+  const int lengths[] = {3, 5};
+  const Documents docs = Documents::from_lengths(lengths);
+  const int T = 8, Hq = 4, Hkv = 2, D = 4;
+  const PackedTensor q = random_tensor(T, Hq, D, 51), k = random_tensor(T, Hkv, D, 52), v = random_tensor(T, Hkv, D, 53);
+  const AttentionShape shape;
+  const auto fwd = [&](const PackedTensor& qq, const PackedTensor& kk, const PackedTensor& vv, const Documents& dd) {
+    return [&, dd] { reference_forward(qq, kk, vv, dd, shape); };
+  };
+  const PackedTensor k_short(T - 1, Hkv, D), v_short(T - 1, Hkv, D), k_dim(T, Hkv, D + 1), v_dim(T, Hkv, D + 1);
+  const PackedTensor v_heads(T, 1, D), k3(T, 3, D), v3(T, 3, D);
+  PackedTensor q_torn = q;
+  q_torn.data.pop_back();
+  const int other[] = {3, 4};
+  expect_invalid(fwd(q, k_short, v, docs), "reference_forward: k has 7 tokens");
+  expect_invalid(fwd(q, k, v_short, docs), "v has 7 tokens");
+  expect_invalid(fwd(q, k_dim, v, docs), "k has head dim 5");
+  expect_invalid(fwd(q, k, v_dim, docs), "v has head dim 5");
+  expect_invalid(fwd(q, k, v_heads, docs), "v has 1 heads but k has 2");
+  expect_invalid(fwd(q, k3, v3, docs), "q heads (4) must be a multiple of k/v heads (3)");
+  expect_invalid(fwd(q, k, v, Documents::from_lengths(other)), "docs (cu_seqlens) cover 7 tokens");
+  expect_invalid(fwd(q_torn, k, v, docs), "q holds 127 values");
+  expect_invalid(fwd(PackedTensor(T, Hq, 0), PackedTensor(T, Hkv, 0), PackedTensor(T, Hkv, 0), docs), "q must have");
+
+  const ForwardOutputs f = reference_forward(q, k, v, docs, shape);
+  const PackedTensor g = random_tensor(T, Hq, D, 54);
+  const auto bwd = [&](const PackedTensor& o, const HeadTokenTensor& lse, const PackedTensor& dout) {
+    return [&] { reference_backward(q, k, v, o, lse, dout, docs, shape); };
+  };
+  expect_invalid(bwd(PackedTensor(T, Hq, D + 1), f.lse, g), "reference_backward: o must have the shape of q");
+  expect_invalid(bwd(f.o, f.lse, PackedTensor(T, Hq - 1, D)), "dout must have the shape of q");
+  expect_invalid(bwd(f.o, HeadTokenTensor(Hq, T - 1), g), "lse must be [Hq, T]");
+  expect_invalid(bwd(f.o, HeadTokenTensor(Hkv, T), g), "lse must be [Hq, T]");
+  expect_invalid([&] { reference_backward(q, k_short, v, f.o, f.lse, g, docs, shape); },
+                 "reference_backward: k has 7 tokens");
+}
+
+}  // namespace
+}  // namespace flamia::reference

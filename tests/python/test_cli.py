@@ -1,0 +1,86 @@
+"""The `flamia` command line: JSON schemas, the probe's verdicts, and clear errors for bad input.
+
+The binary comes from FLAMIA_CLI (set by CTest) or build/flamia relative to the repo root.
+"""
+import json
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def cli_path():
+    path = os.environ.get("FLAMIA_CLI") or str(REPO / "build" / "flamia")
+    if not os.path.exists(path):
+        pytest.fail(f"flamia CLI not found at {path}; build it (cmake --build build) or set FLAMIA_CLI")
+    return path
+
+
+def run(*args):
+    return subprocess.run([cli_path(), *args], capture_output=True, text=True, timeout=300)
+
+
+def test_probe_json_shows_the_leak_in_document_mode_and_none_in_prefix_mode():
+    out = run("probe", "--json", "--dim", "64")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    cases = {(c["mode"], c["control"], c["tensor"]): c for c in doc["cases"]}
+    assert len(cases) == 12
+    for mode in ("document", "prefix"):
+        for tensor in ("o", "lse", "dq"):
+            other = cases[(mode, "other_document", tensor)]
+            assert other["bitwise_equal"] is True and other["max_abs_change"] == 0
+            assert set(other) >= {"mode", "control", "tensor", "max_abs_change", "bitwise_equal"}
+    for tensor in ("o", "lse", "dq"):
+        assert cases[("prefix", "suffix", tensor)]["bitwise_equal"] is True
+    for tensor in ("o", "dq"):
+        leak = cases[("document", "suffix", tensor)]
+        assert leak["bitwise_equal"] is False and leak["max_abs_change"] > 0
+    assert doc["pass"] is True
+
+
+def test_probe_with_token_geometry_reports_a_blind_probe():
+    # Per-token scales have no straddling group, so the positive control cannot fire: exit 1.
+    out = run("probe", "--geometry", "token", "--dim", "64", "--quiet")
+    assert out.returncode == 1
+    assert "blind" in out.stdout
+
+
+def test_numerics_json_has_one_row_per_config_and_tensor():
+    out = run("numerics", "--json", "--len", "160", "--docs", "2", "--heads", "2", "--dim", "64", "--quiet")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["rows"]
+    keys = {"route", "isolation", "geometry", "rule", "tensor", "cosine", "rel_l2", "max_abs",
+            "row_residual_max", "u_zero_fraction"}
+    assert all(keys <= set(r) for r in rows)
+    assert {r["tensor"] for r in rows} == {"o", "lse", "dq", "dk", "dv"}
+    assert {(r["isolation"], r["geometry"], r["rule"]) for r in rows} >= {
+        ("document", "block32", "ceil"), ("document", "token", "ceil"), ("document", "block32", "floor"),
+        ("prefix", "token", "ceil")}
+    for r in rows:
+        assert 0.99 < r["cosine"] <= 1.0, r
+
+
+@pytest.mark.parametrize("args, message", [
+    (["numerics", "--dim", "abc"], "expects an integer"),
+    (["numerics", "--bogus"], "unknown option --bogus"),
+    (["numerics", "--heads", "3", "--kv-heads", "2"], "multiple of --kv-heads"),
+    (["probe", "--position", "299"], "--position"),
+    (["probe", "--lengths", "5,6"], "three documents"),
+    (["probe", "--geometry", "tile"], "--geometry"),
+    (["frobnicate"], "unknown command"),
+])
+def test_bad_arguments_fail_with_a_message_naming_the_problem(args, message):
+    out = run(*args)
+    assert out.returncode == 2
+    assert message in out.stderr
+
+
+def test_help_lists_the_options():
+    out = run("probe", "--help")
+    assert out.returncode == 0 and "--position" in out.stdout and "--json" in out.stdout
+    out = run("--help")
+    assert out.returncode == 0 and "numerics" in out.stdout

@@ -1,0 +1,115 @@
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "analysis/numerics.h"
+#include "cli_args.h"
+#include "commands.h"
+#include "json.h"
+#include "progress.h"
+
+namespace flamia::cli {
+namespace {
+
+// DESIGN.md §4 accuracy bars for the default route: cosine vs FP64.
+constexpr double kCosineBarO = 0.998, kCosineBarGrad = 0.997;
+
+bool default_config_meets_bars(const std::vector<analysis::NumericsRow>& rows, std::string* why) {
+  bool ok = true;
+  for (const auto& r : rows) {  // the default config's rows come first
+    if (r.isolation != "document" || r.geometry != "block32" || r.rule != "ceil" || r.u_scale != "rowcol") continue;
+    const double bar = r.tensor == "o" ? kCosineBarO : (r.tensor == "lse" ? 0.0 : kCosineBarGrad);
+    if (!(r.cmp.cosine >= bar)) {
+      ok = false;
+      *why += r.tensor + " cosine " + std::to_string(r.cmp.cosine) + " < " + std::to_string(bar) + "; ";
+    }
+  }
+  return ok;
+}
+
+}  // namespace
+
+int run_numerics_command(int argc, char** argv) {
+  int docs = 2, len = 1024, heads = 4, kv_heads = 0, dim = 128;
+  std::vector<int> lengths;
+  uint64_t seed = 0;
+  bool json = false, quiet = false, non_causal = false, check = false;
+  ArgParser args("numerics",
+                 "Accuracy of the emulated MXFP8 route (bit-exact quantization, double accumulation) against\n"
+                 "an unquantized FP64 reference on random normal BF16 inputs: cosine, relative L2, max abs error,\n"
+                 "row residual sum_j dS_ij, fraction of nonzero U entries rounded to zero, saturation counts.\n"
+                 "One row per configuration and tensor (o, lse, dq, dk, dv).");
+  args.option("docs", &docs, "number of documents of length --len");
+  args.option("len", &len, "tokens per document");
+  args.option("lengths", &lengths, "explicit document lengths (overrides --docs/--len)");
+  args.option("heads", &heads, "query heads");
+  args.option("kv-heads", &kv_heads, "key/value heads (default: --heads)");
+  args.option("dim", &dim, "head dimension");
+  args.option("seed", &seed, "random seed of the inputs");
+  args.flag("non-causal", &non_causal, "attend to the whole document (prefix mode is then skipped)");
+  args.flag("check", &check, "exit 1 when the default route misses the accuracy bars (O >= 0.998, grads >= 0.997)");
+  args.flag("json", &json, "print one JSON object instead of a table");
+  args.flag("quiet", &quiet, "no progress lines on stderr");
+  if (!args.parse(argc, argv)) return 0;
+  if (lengths.empty()) {
+    if (docs < 1 || len < 1) throw UsageError("--docs and --len must be >= 1");
+    lengths.assign(docs, len);
+  }
+  for (int n : lengths)
+    if (n < 0) throw UsageError("document lengths must be >= 0");
+  if (kv_heads == 0) kv_heads = heads;
+  if (heads < 1 || kv_heads < 1 || heads % kv_heads != 0) throw UsageError("--heads must be a positive multiple of --kv-heads");
+  if (dim < 1) throw UsageError("--dim must be >= 1");
+
+  const ProgressLog progress(quiet);
+  progress("generating inputs");
+  const auto inputs = analysis::random_inputs({lengths, heads, kv_heads, dim}, seed);
+  const reference::AttentionShape shape{.causal = !non_causal};
+  std::vector<NumericsOptions> configs;
+  for (const auto& c : analysis::default_numerics_configs())
+    if (shape.causal || c.isolation != Isolation::kPrefix) configs.push_back(c);
+  const auto rows = analysis::run_numerics(inputs, shape, configs, progress);
+  progress("done");
+  std::string why;
+  const bool bars = default_config_meets_bars(rows, &why);
+
+  if (json) {
+    std::printf("{\"rows\": [");
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto& r = rows[i];
+      const auto& s = r.stats;
+      std::printf(
+          "%s{\"route\": %s, \"isolation\": %s, \"geometry\": %s, \"rule\": %s, \"u_scale\": %s, \"tensor\": %s, "
+          "\"cosine\": %s, \"rel_l2\": %s, \"max_abs\": %s, \"row_residual_max\": %s, \"row_residual_rms\": %s, "
+          "\"u_zero_fraction\": %s, \"saturated\": {\"q\": %lld, \"k\": %lld, \"v\": %lld, \"do\": %lld, \"p\": %lld, "
+          "\"u\": %lld}}",
+          i ? ", " : "", json_string(r.route).c_str(), json_string(r.isolation).c_str(), json_string(r.geometry).c_str(),
+          json_string(r.rule).c_str(), json_string(r.u_scale).c_str(), json_string(r.tensor).c_str(),
+          json_number(r.cmp.cosine).c_str(), json_number(r.cmp.rel_l2).c_str(), json_number(r.cmp.max_abs).c_str(),
+          json_number(s.row_residual_max).c_str(), json_number(s.row_residual_rms()).c_str(),
+          json_number(s.u_zero_fraction()).c_str(), (long long)s.saturated_q, (long long)s.saturated_k,
+          (long long)s.saturated_v, (long long)s.saturated_g, (long long)s.saturated_p, (long long)s.saturated_u);
+    }
+    std::printf("], \"meets_bars\": %s}\n", json_bool(bars).c_str());
+  } else {
+    std::string ls;
+    for (int n : lengths) ls += (ls.empty() ? "" : ",") + std::to_string(n);
+    std::printf("numerics vs FP64: documents [%s], %s, heads %d/%d, D = %d, seed %llu\n\n", ls.c_str(),
+                shape.causal ? "causal" : "non-causal", heads, kv_heads, dim, (unsigned long long)seed);
+    std::printf("| route | isolation | geometry | rule  | U scale  | tensor | cosine    | rel L2    | max abs  | row res max | row res rms | U zero frac | saturated q/k/v/dO/P/U |\n");
+    std::printf("|-------|-----------|----------|-------|----------|--------|-----------|-----------|----------|-------------|-------------|-------------|------------------------|\n");
+    for (const auto& r : rows) {
+      const auto& s = r.stats;
+      std::printf("| %s | %-9s | %-8s | %-5s | %-8s | %-6s | %.7f | %.3e | %.2e | %11.3e | %11.3e | %11.5f | %lld/%lld/%lld/%lld/%lld/%lld |\n",
+                  r.route.c_str(), r.isolation.c_str(), r.geometry.c_str(), r.rule.c_str(), r.u_scale.c_str(),
+                  r.tensor.c_str(), r.cmp.cosine, r.cmp.rel_l2, r.cmp.max_abs, s.row_residual_max, s.row_residual_rms(),
+                  s.u_zero_fraction(), (long long)s.saturated_q, (long long)s.saturated_k, (long long)s.saturated_v,
+                  (long long)s.saturated_g, (long long)s.saturated_p, (long long)s.saturated_u);
+    }
+    std::printf("\naccuracy bars (default route, cosine: O >= %.3f, dQ/dK/dV >= %.3f): %s\n", kCosineBarO, kCosineBarGrad,
+                bars ? "met" : ("MISSED: " + why).c_str());
+  }
+  return check && !bars ? 1 : 0;
+}
+
+}  // namespace flamia::cli
