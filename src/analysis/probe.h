@@ -13,6 +13,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,17 @@ struct ProbeOptions {
   ScaleRule scale_rule = ScaleRule::kCeil;
 };
 
+// What the probe compares from one attention call: O and LSE, and dQ when the call has a backward.
+struct ProbeOutputs {
+  reference::PackedTensor o;
+  reference::HeadTokenTensor lse;
+  std::optional<reference::PackedTensor> dq;
+};
+// Runs one causal call on packed inputs with the given options; the CPU emulation by default, a
+// GPU implementation in the GPU tests.
+using ProbeCall = std::function<ProbeOutputs(const AttentionInputs&, const NumericsOptions&)>;
+ProbeOutputs emulated_probe_call(const AttentionInputs& in, const NumericsOptions& options);
+
 struct ProbeCase {
   Isolation mode;
   std::string control;  // "suffix" or "other_document"
@@ -46,11 +59,13 @@ struct ProbeCase {
 // Throws std::invalid_argument for options that cannot make a probe (e.g. i outside B).
 void check_probe_options(const ProbeOptions& options);
 
-std::vector<ProbeCase> run_probe(const ProbeOptions& options, const Progress& progress = {});
+std::vector<ProbeCase> run_probe(const ProbeOptions& options, const Progress& progress = {},
+                                 const ProbeCall& call = emulated_probe_call);
 
 // True when the contract holds and the probe is not blind: prefix mode unchanged under the
 // suffix control, every mode unchanged under the other-document control, and document mode
-// changed under the suffix control for O and dQ. `why` lists the cases that break it.
+// changed under the suffix control for O (and dQ when the call has it). `why` lists the cases
+// that break it.
 bool probe_passes(const std::vector<ProbeCase>& cases, std::string* why = nullptr);
 
 }  // namespace flamia::analysis

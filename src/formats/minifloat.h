@@ -107,9 +107,20 @@ FLAMIA_HD uint8_t encode(const MinifloatSpec& f, double x) {
 // Rounds to the nearest value of the format (the decode of the encode).
 FLAMIA_HD double round_to(const MinifloatSpec& f, double x) { return decode(f, encode(f, x)); }
 
-FLAMIA_HD uint8_t encode_e4m3(double x) { return encode(kE4M3, x); }
-FLAMIA_HD double decode_e4m3(uint8_t c) { return decode(kE4M3, c); }
-FLAMIA_HD double round_e4m3(double x) { return round_to(kE4M3, x); }
+// The shorthands copy the spec into a local constant: device code may not take the address of a
+// namespace-scope constexpr object, which passing kE4M3 by reference would do.
+FLAMIA_HD uint8_t encode_e4m3(double x) {
+  constexpr MinifloatSpec f = kE4M3;
+  return encode(f, x);
+}
+FLAMIA_HD double decode_e4m3(uint8_t c) {
+  constexpr MinifloatSpec f = kE4M3;
+  return decode(f, c);
+}
+FLAMIA_HD double round_e4m3(double x) {
+  constexpr MinifloatSpec f = kE4M3;
+  return round_to(f, x);
+}
 
 // BF16: IEEE-style (8 exponent bits, 7 mantissa bits, Inf and NaN), round-to-nearest-even,
 // overflow to Inf as the hardware conversion does. Returned as the double it represents.

@@ -51,8 +51,11 @@ FLAMIA_HD uint8_t scale_for_amax(double amax, ScaleRule rule) {
 }
 
 // Quantizes one value against its group's scale code: the E4M3 code of x / 2^e.
+// A group with the NaN scale stores zero codes: the NaN travels in the scale alone, so it reaches
+// exactly the products that apply this group's scale. A NaN *code* would leak through tensor-core
+// products even where the mask multiplies it by 0 (0 * NaN = NaN), e.g. into earlier queries.
 FLAMIA_HD uint8_t encode_scaled_e4m3(double x, uint8_t scale) {
-  if (ue8m0_is_nan(scale)) return kE4M3.nan_code();
+  if (ue8m0_is_nan(scale)) return 0;
   return encode_e4m3(std::ldexp(x, -ue8m0_exponent(scale)));
 }
 FLAMIA_HD double decode_scaled_e4m3(uint8_t code, uint8_t scale) {

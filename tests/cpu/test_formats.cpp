@@ -300,7 +300,7 @@ TEST(ScaleForAmax, ZeroAmaxUsesExponentZeroAndNonFiniteAmaxIsNaN) {
     for (double bad : {kNaN, kInf}) {
       const uint8_t s = scale_for_amax(bad, rule);
       EXPECT_EQ(s, kUe8m0NaN);
-      EXPECT_EQ(encode_scaled_e4m3(1.0, s), kE4M3.nan_code());
+      EXPECT_EQ(encode_scaled_e4m3(1.0, s), 0) << "NaN scales keep the codes zero: the NaN lives in the scale";
       for (int c = 0; c < 256; ++c) EXPECT_TRUE(std::isnan(decode_scaled_e4m3(uint8_t(c), s))) << c;
     }
   }

@@ -153,9 +153,15 @@ TEST_P(IsolationProbe, PrefixModeIsBitwiseStableAndTheLeakIsVisibleInDocumentMod
   EXPECT_EQ(analysis::probe_passes(cases, &why), o.scale_geometry == ScaleGeometry::kBlock32) << why;
 }
 
+std::string probe_param_name(const ::testing::TestParamInfo<IsolationProbe::ParamType>& info) {
+  const auto& [geometry, rule, kv_heads] = info.param;
+  return std::string(to_string(geometry)) + "_" + std::string(to_string(rule)) + "_kv" + std::to_string(kv_heads);
+}
+
 INSTANTIATE_TEST_SUITE_P(GeometryRuleHeads, IsolationProbe,
                          ::testing::Combine(::testing::Values(ScaleGeometry::kBlock32, ScaleGeometry::kToken),
-                                            ::testing::Values(ScaleRule::kCeil, ScaleRule::kFloor), ::testing::Values(4, 1)));
+                                            ::testing::Values(ScaleRule::kCeil, ScaleRule::kFloor), ::testing::Values(4, 1)),
+                         probe_param_name);
 
 TEST(IsolationProbe, RejectsPositionsWithoutASuffix) {
   analysis::ProbeOptions o;

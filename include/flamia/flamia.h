@@ -1,0 +1,82 @@
+/* flamia: microscaled (MXFP8), causally safe attention over packed documents — C API.
+ *
+ * Every call takes device pointers and a CUDA stream, allocates nothing, never synchronizes the
+ * host, and so can be captured in a CUDA graph. Errors come back as a status code plus a message
+ * naming the bad argument, written into a caller-owned flamia_error (no global state).
+ *
+ * Layout (like flash_attn_varlen_func): q [T, Hq, D], k and v [T, Hkv, D], o [T, Hq, D], BF16,
+ * the feature axis contiguous; lse [Hq, T] FP32 (natural log); cu_seqlens int32 [num_docs + 1]
+ * on the device. DESIGN.md and docs/NUMERICS.md define the numerics.
+ */
+#ifndef FLAMIA_FLAMIA_H_
+#define FLAMIA_FLAMIA_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum flamia_status {
+  FLAMIA_SUCCESS = 0,
+  FLAMIA_ERROR_INVALID_ARGUMENT = 1, /* shape, dtype, stride, alignment, cu_seqlens, options */
+  FLAMIA_ERROR_NOT_SUPPORTED = 2,    /* valid, but not built (e.g. head dim 96, no sm_90a device) */
+  FLAMIA_ERROR_WORKSPACE = 3,        /* workspace missing or smaller than the size query said */
+  FLAMIA_ERROR_CUDA = 4              /* a CUDA launch failed; the message holds cudaGetErrorString */
+} flamia_status;
+
+typedef enum flamia_dtype { FLAMIA_DTYPE_BF16 = 0, FLAMIA_DTYPE_FP16 = 1, FLAMIA_DTYPE_FP32 = 2 } flamia_dtype;
+typedef enum flamia_isolation { FLAMIA_ISOLATION_DOCUMENT = 0, FLAMIA_ISOLATION_PREFIX = 1 } flamia_isolation;
+typedef enum flamia_scale_geometry { FLAMIA_SCALE_BLOCK32 = 0, FLAMIA_SCALE_TOKEN = 1 } flamia_scale_geometry;
+typedef enum flamia_scale_rule { FLAMIA_SCALE_RULE_CEIL = 0, FLAMIA_SCALE_RULE_FLOOR = 1 } flamia_scale_rule;
+
+/* A packed [tokens, heads, dim] tensor on the device. Strides are in elements; dim is contiguous. */
+typedef struct flamia_tensor {
+  void* data;
+  flamia_dtype dtype;
+  int64_t tokens, heads, dim;
+  int64_t stride_token, stride_head;
+} flamia_tensor;
+
+/* Document boundaries. cu_seqlens lives on the device; cu_seqlens_host, when not NULL, is a host
+ * copy that the call validates (start 0, non-decreasing, ends at T) without touching the device. */
+typedef struct flamia_documents {
+  const int32_t* cu_seqlens;
+  const int32_t* cu_seqlens_host;
+  int32_t num_docs;
+  int32_t max_seqlen; /* >= the longest document; sizes the launch */
+} flamia_documents;
+
+typedef struct flamia_options {
+  int causal;                            /* default 1 */
+  float softmax_scale;                   /* 0 = 1/sqrt(D) */
+  flamia_isolation isolation;            /* default DOCUMENT */
+  flamia_scale_geometry scale_geometry;  /* default BLOCK32 */
+  flamia_scale_rule scale_rule;          /* default CEIL */
+  int p_boost_log2;                      /* default 8, in [0, 8] */
+} flamia_options;
+
+typedef struct flamia_error {
+  char message[512];
+} flamia_error;
+
+void flamia_default_options(flamia_options* options);
+const char* flamia_status_name(flamia_status status);
+
+/* Bytes of device workspace flamia_forward needs (E4M3 codes and UE8M0 scales of q, k, v, and V's
+ * running scale max). Depends only on the shapes (data pointers and strides are not read). The
+ * workspace passed to flamia_forward must be 256-byte aligned, as cudaMalloc returns it. */
+flamia_status flamia_forward_workspace_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
+                                            size_t* bytes, flamia_error* error);
+
+/* Quantizes q, k, v (document-local groups) and computes o and lse on `stream`. */
+flamia_status flamia_forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
+                             const flamia_documents* docs, const flamia_options* options, flamia_tensor* o, float* lse,
+                             void* workspace, size_t workspace_bytes, void* stream, flamia_error* error);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLAMIA_FLAMIA_H_ */

@@ -1,0 +1,27 @@
+// The one source of libflamia_capi.so, the C API as a shared library (the Python package loads it
+// with ctypes). The API itself lives in the static libraries: flamia_forward in flamia_cuda
+// (src/capi/forward.cu), the size query and helpers in flamia (src/capi/validate.cpp). This table
+// references every entry point, so the linker keeps each one even without --whole-archive; the
+// version script of the target exports the flamia_* symbols and hides everything else.
+//
+// The core library's source glob (src/capi/*.cpp) also compiles this file; there
+// FLAMIA_CAPI_SHARED_LIBRARY is not defined and the translation unit is empty.
+#ifdef FLAMIA_CAPI_SHARED_LIBRARY
+
+#include "flamia/flamia.h"
+
+namespace {
+
+struct EntryPoints {
+  decltype(&flamia_default_options) default_options;
+  decltype(&flamia_status_name) status_name;
+  decltype(&flamia_forward_workspace_size) forward_workspace_size;
+  decltype(&flamia_forward) forward;
+};
+
+[[maybe_unused]] __attribute__((used)) const EntryPoints kEntryPoints = {
+    &flamia_default_options, &flamia_status_name, &flamia_forward_workspace_size, &flamia_forward};
+
+}  // namespace
+
+#endif  // FLAMIA_CAPI_SHARED_LIBRARY

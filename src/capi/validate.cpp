@@ -1,0 +1,353 @@
+#include "capi/validate.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <span>
+#include <stdexcept>
+#include <string_view>
+
+#include "core/documents.h"
+#include "reference/mxfp8_route.h"
+
+namespace flamia::capi {
+namespace {
+
+CallError invalid(std::string message) { return {FLAMIA_ERROR_INVALID_ARGUMENT, std::move(message)}; }
+CallError unsupported(std::string message) { return {FLAMIA_ERROR_NOT_SUPPORTED, std::move(message)}; }
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+std::string address(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
+// The raw integer behind a C enum field. A C caller can store any int there; reading it as the
+// enum type first would let the C++ compiler assume the value is in range.
+template <typename E>
+int raw_enum(const E& field) {
+  static_assert(sizeof(E) == sizeof(int), "C enums are int-sized on the supported ABIs");
+  int raw;
+  std::memcpy(&raw, &field, sizeof raw);
+  return raw;
+}
+
+std::string dtype_name(int dtype) {
+  switch (dtype) {
+    case FLAMIA_DTYPE_BF16: return "FLAMIA_DTYPE_BF16";
+    case FLAMIA_DTYPE_FP16: return "FLAMIA_DTYPE_FP16";
+    case FLAMIA_DTYPE_FP32: return "FLAMIA_DTYPE_FP32";
+    default: return "unknown dtype " + std::to_string(dtype);
+  }
+}
+
+// Per-tensor shape fields: BF16 and every extent >= 1.
+CallError check_tensor_shape(const flamia_tensor& t, std::string_view name) {
+  const std::string n(name);
+  if (const int dtype = raw_enum(t.dtype); dtype != FLAMIA_DTYPE_BF16)
+    return invalid(n + ".dtype must be FLAMIA_DTYPE_BF16, got " + dtype_name(dtype));
+  if (t.tokens < 1) return invalid(n + ".tokens (T) must be >= 1, got " + str(t.tokens));
+  if (t.heads < 1) return invalid(n + ".heads must be >= 1, got " + str(t.heads));
+  if (t.dim < 1) return invalid(n + ".dim must be >= 1, got " + str(t.dim));
+  return CallError::success();
+}
+
+CallError check_equal(std::string_view a_name, int64_t a, std::string_view b_name, int64_t b) {
+  if (a == b) return CallError::success();
+  return invalid(std::string(a_name) + " (" + str(a) + ") must equal " + std::string(b_name) + " (" + str(b) + ")");
+}
+
+#define FLAMIA_RETURN_IF_ERROR(expr)  \
+  do {                                \
+    CallError flamia_err_ = (expr);   \
+    if (!flamia_err_.ok()) return flamia_err_; \
+  } while (0)
+
+// Shapes of q, k, v and (when not NULL) o, each alone and against each other. INVALID_ARGUMENT only.
+CallError check_shapes(const flamia_tensor& q, const flamia_tensor& k, const flamia_tensor& v, const flamia_tensor* o) {
+  FLAMIA_RETURN_IF_ERROR(check_tensor_shape(q, "q"));
+  FLAMIA_RETURN_IF_ERROR(check_tensor_shape(k, "k"));
+  FLAMIA_RETURN_IF_ERROR(check_tensor_shape(v, "v"));
+  if (o) FLAMIA_RETURN_IF_ERROR(check_tensor_shape(*o, "o"));
+  FLAMIA_RETURN_IF_ERROR(check_equal("k.tokens", k.tokens, "q.tokens", q.tokens));
+  FLAMIA_RETURN_IF_ERROR(check_equal("v.tokens", v.tokens, "q.tokens", q.tokens));
+  FLAMIA_RETURN_IF_ERROR(check_equal("k.dim", k.dim, "q.dim", q.dim));
+  FLAMIA_RETURN_IF_ERROR(check_equal("v.dim", v.dim, "q.dim", q.dim));
+  FLAMIA_RETURN_IF_ERROR(check_equal("v.heads", v.heads, "k.heads", k.heads));
+  if (q.heads % k.heads != 0) {
+    return invalid("q.heads (" + str(q.heads) + ") must be a multiple of k.heads (" + str(k.heads) +
+                   "): each K/V head serves q.heads / k.heads query heads");
+  }
+  if (o) {
+    FLAMIA_RETURN_IF_ERROR(check_equal("o.tokens", o->tokens, "q.tokens", q.tokens));
+    FLAMIA_RETURN_IF_ERROR(check_equal("o.heads", o->heads, "q.heads", q.heads));
+    FLAMIA_RETURN_IF_ERROR(check_equal("o.dim", o->dim, "q.dim", q.dim));
+  }
+  return CallError::success();
+}
+
+// What the kernels of this build support (run after every INVALID_ARGUMENT check).
+CallError check_limits(const flamia_tensor& q, const flamia_tensor& k) {
+  if (!head_dim_supported(q.dim)) {
+    return unsupported("head_dim (q.dim) " + str(q.dim) +
+                       " is not supported: this build has kernels for head_dim 64 and 128");
+  }
+  if (q.heads > kMaxHeads)
+    return unsupported("q.heads (" + str(q.heads) + ") exceeds " + str(kMaxHeads) + ", the most heads the kernels launch");
+  for (const auto& [t, name] : {std::pair<const flamia_tensor&, const char*>{q, "q"}, {k, "k"}}) {
+    int64_t th = 0, thd = 0;
+    const bool overflow = __builtin_mul_overflow(t.tokens, t.heads, &th) || __builtin_mul_overflow(th, t.dim, &thd);
+    if (overflow || thd > kMaxElements) {
+      return unsupported(std::string(name) + " has tokens * heads * dim = " + str(t.tokens) + " * " + str(t.heads) +
+                         " * " + str(t.dim) + (overflow ? " (overflows int64)" : " = " + str(thd)) +
+                         " elements, more than the 2^31 - 1 that the kernels' int32 indexing allows");
+    }
+  }
+  return CallError::success();
+}
+
+// Data pointer and strides of one tensor. Outputs must also not overlap themselves.
+CallError check_layout(const flamia_tensor& t, std::string_view name, bool output) {
+  const std::string n(name);
+  if (t.data == nullptr) return invalid(n + ".data is NULL");
+  if (reinterpret_cast<uintptr_t>(t.data) % kDataAlignment != 0)
+    return invalid(n + ".data must be 16-byte aligned, got address " + address(t.data));
+  for (const auto& [stride, sname] : {std::pair<int64_t, const char*>{t.stride_token, "stride_token"},
+                                      {t.stride_head, "stride_head"}}) {
+    if (stride < t.dim) {
+      return invalid(n + "." + sname + " (" + str(stride) + ") must be >= " + n + ".dim (" + str(t.dim) +
+                     "): the dim axis is contiguous and rows must not overlap");
+    }
+    if (stride % kStrideMultiple != 0) {
+      return invalid(n + "." + sname + " (" + str(stride) +
+                     ") must be a multiple of 8 elements, so that every row is 16-byte aligned");
+    }
+  }
+  if (output && t.tokens > 1 && t.heads > 1) {
+    // Rows of an output must be distinct: the axis with the larger stride has to step over the
+    // whole extent of the other one ([T, H, D] or [H, T, D] order, padding allowed).
+    const bool token_outer = t.stride_token >= t.stride_head;
+    const int64_t outer = token_outer ? t.stride_token : t.stride_head;
+    const int64_t inner = token_outer ? t.stride_head : t.stride_token;
+    const int64_t inner_extent = token_outer ? t.heads : t.tokens;
+    int64_t span = 0;
+    if (__builtin_mul_overflow(inner_extent, inner, &span) || outer < span) {
+      const std::string outer_name = n + (token_outer ? ".stride_token" : ".stride_head");
+      const std::string inner_name = token_outer ? n + ".heads * " + n + ".stride_head" : n + ".tokens * " + n + ".stride_token";
+      return invalid(outer_name + " (" + str(outer) + ") must be >= " + inner_name + " (" + str(inner_extent) + " * " +
+                     str(inner) + "): rows of the output would overlap");
+    }
+  }
+  return CallError::success();
+}
+
+CallError check_documents(const flamia_documents& docs, int64_t total_tokens) {
+  if (docs.cu_seqlens == nullptr) return invalid("docs.cu_seqlens (the device copy) is NULL");
+  if (reinterpret_cast<uintptr_t>(docs.cu_seqlens) % alignof(int32_t) != 0)
+    return invalid("docs.cu_seqlens must be 4-byte aligned (int32), got address " + address(docs.cu_seqlens));
+  if (docs.num_docs < 1) return invalid("docs.num_docs must be >= 1, got " + str(docs.num_docs));
+  if (docs.max_seqlen < 1 || docs.max_seqlen > total_tokens) {
+    return invalid("docs.max_seqlen must lie in [1, T = " + str(total_tokens) + "], got " + str(docs.max_seqlen));
+  }
+  if (docs.cu_seqlens_host != nullptr) {
+    const std::span<const int32_t> cu(docs.cu_seqlens_host, size_t(docs.num_docs) + 1);
+    if (std::string err = validate_cu_seqlens(cu, total_tokens); !err.empty()) {
+      // validate_cu_seqlens names the entries cu_seqlens[i] and the last one cu_seqlens[-1].
+      std::string out;
+      constexpr std::string_view kFrom = "cu_seqlens", kLast = "[-1]";
+      for (size_t i = 0; i < err.size();) {
+        if (err.compare(i, kFrom.size(), kFrom) == 0) {
+          out += "docs.cu_seqlens_host";
+          i += kFrom.size();
+          if (err.compare(i, kLast.size(), kLast) == 0) {
+            out.append(1, '[').append(str(docs.num_docs)).append(1, ']');
+            i += kLast.size();
+          }
+        } else {
+          out += err[i++];
+        }
+      }
+      return invalid(out);
+    }
+    int longest = 0, longest_doc = 0;
+    for (int d = 0; d < docs.num_docs; ++d) {
+      if (const int len = cu[d + 1] - cu[d]; len > longest) longest = len, longest_doc = d;
+    }
+    if (docs.max_seqlen < longest) {
+      return invalid("docs.max_seqlen (" + str(docs.max_seqlen) + ") is smaller than the longest document (" +
+                     str(longest) + " tokens: document " + str(longest_doc) + " of docs.cu_seqlens_host)");
+    }
+  }
+  return CallError::success();
+}
+
+CallError check_options(const flamia_options& options, int64_t head_dim) {
+  if (options.causal != 0 && options.causal != 1)
+    return invalid("options.causal must be 0 or 1, got " + str(options.causal));
+  if (!std::isfinite(options.softmax_scale) || options.softmax_scale < 0.0f) {
+    return invalid("options.softmax_scale must be finite and >= 0 (0 selects 1/sqrt(head_dim)), got " +
+                   std::to_string(options.softmax_scale));
+  }
+  if (const int iso = raw_enum(options.isolation); iso != FLAMIA_ISOLATION_DOCUMENT && iso != FLAMIA_ISOLATION_PREFIX) {
+    return invalid("options.isolation must be FLAMIA_ISOLATION_DOCUMENT (0) or FLAMIA_ISOLATION_PREFIX (1), got " +
+                   str(iso));
+  }
+  if (const int geo = raw_enum(options.scale_geometry); geo != FLAMIA_SCALE_BLOCK32 && geo != FLAMIA_SCALE_TOKEN) {
+    return invalid("options.scale_geometry must be FLAMIA_SCALE_BLOCK32 (0) or FLAMIA_SCALE_TOKEN (1), got " +
+                   str(geo));
+  }
+  if (const int rule = raw_enum(options.scale_rule); rule != FLAMIA_SCALE_RULE_CEIL && rule != FLAMIA_SCALE_RULE_FLOOR) {
+    return invalid("options.scale_rule must be FLAMIA_SCALE_RULE_CEIL (0) or FLAMIA_SCALE_RULE_FLOOR (1), got " +
+                   str(rule));
+  }
+  // The combination rules (prefix isolation needs a causal mask, the P boost range, ...) are the
+  // emulated route's, so the CPU spec and the C API refuse exactly the same options.
+  reference::AttentionShape shape;
+  shape.causal = options.causal == 1;
+  shape.softmax_scale = options.softmax_scale;
+  try {
+    reference::check_route_options(shape, numerics_options(options), int(head_dim));
+  } catch (const std::invalid_argument& e) {
+    return invalid(std::string("options: ") + e.what() + " (options.p_boost_log2 = " + str(options.p_boost_log2) +
+                   ", options.causal = " + str(options.causal) + ")");
+  }
+  return CallError::success();
+}
+
+size_t align_up(size_t n) { return (n + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment; }
+
+}  // namespace
+
+CallError validate_shapes(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v) {
+  if (q == nullptr) return invalid("q is NULL");
+  if (k == nullptr) return invalid("k is NULL");
+  if (v == nullptr) return invalid("v is NULL");
+  FLAMIA_RETURN_IF_ERROR(check_shapes(*q, *k, *v, nullptr));
+  return check_limits(*q, *k);
+}
+
+CallError validate_forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
+                           const flamia_documents* docs, const flamia_options* options, const flamia_tensor* o,
+                           const float* lse) {
+  if (q == nullptr) return invalid("q is NULL");
+  if (k == nullptr) return invalid("k is NULL");
+  if (v == nullptr) return invalid("v is NULL");
+  if (docs == nullptr) return invalid("docs is NULL");
+  if (options == nullptr) return invalid("options is NULL (flamia_default_options fills the defaults)");
+  if (o == nullptr) return invalid("o is NULL");
+  if (lse == nullptr) return invalid("lse is NULL");
+
+  FLAMIA_RETURN_IF_ERROR(check_shapes(*q, *k, *v, o));
+  FLAMIA_RETURN_IF_ERROR(check_layout(*q, "q", false));
+  FLAMIA_RETURN_IF_ERROR(check_layout(*k, "k", false));
+  FLAMIA_RETURN_IF_ERROR(check_layout(*v, "v", false));
+  FLAMIA_RETURN_IF_ERROR(check_layout(*o, "o", true));
+  if (reinterpret_cast<uintptr_t>(lse) % alignof(float) != 0)
+    return invalid("lse must be 4-byte aligned (FP32), got address " + address(lse));
+  FLAMIA_RETURN_IF_ERROR(check_documents(*docs, q->tokens));
+  FLAMIA_RETURN_IF_ERROR(check_options(*options, q->dim));
+  return check_limits(*q, *k);
+}
+
+NumericsOptions numerics_options(const flamia_options& options) {
+  NumericsOptions n;
+  n.isolation = raw_enum(options.isolation) == FLAMIA_ISOLATION_PREFIX ? Isolation::kPrefix : Isolation::kDocument;
+  n.scale_geometry = raw_enum(options.scale_geometry) == FLAMIA_SCALE_TOKEN ? ScaleGeometry::kToken : ScaleGeometry::kBlock32;
+  n.scale_rule = raw_enum(options.scale_rule) == FLAMIA_SCALE_RULE_FLOOR ? ScaleRule::kFloor : ScaleRule::kCeil;
+  n.u_scale = UScaleGeometry::kRowCol;
+  n.p_boost_log2 = options.p_boost_log2;
+  n.hadamard = false;
+  return n;
+}
+
+ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim) {
+  ForwardWorkspace w;
+  size_t at = 0;
+  auto take = [&at](size_t bytes) {
+    const WorkspaceRegion r{at, bytes};
+    at = align_up(at + bytes);
+    return r;
+  };
+  const size_t t = size_t(tokens), hq = size_t(q_heads), hkv = size_t(kv_heads), d = size_t(head_dim);
+  w.q_codes = take(t * hq * d);
+  w.k_codes = take(t * hkv * d);
+  w.v_codes = take(t * hkv * d);
+  w.q_scales = take(t * hq);
+  w.k_scales = take(t * hkv);
+  w.v_scales = take(t * hkv);
+  w.v_fold_ref = take(t * hkv);
+  w.total = at;
+  return w;
+}
+
+CallError check_workspace(const ForwardWorkspace& layout, const void* workspace, size_t workspace_bytes) {
+  if (workspace == nullptr) {
+    return {FLAMIA_ERROR_WORKSPACE, "workspace is NULL; this call needs " + std::to_string(layout.total) +
+                                        " bytes (flamia_forward_workspace_size)"};
+  }
+  if (workspace_bytes < layout.total) {
+    return {FLAMIA_ERROR_WORKSPACE, "workspace_bytes (" + std::to_string(workspace_bytes) + ") is smaller than the " +
+                                        std::to_string(layout.total) + " bytes flamia_forward_workspace_size returns"};
+  }
+  if (reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlignment != 0) {
+    return {FLAMIA_ERROR_WORKSPACE,
+            "workspace must be 256-byte aligned (as cudaMalloc returns), got address " + address(workspace)};
+  }
+  return CallError::success();
+}
+
+flamia_status report(const CallError& result, flamia_error* error) {
+  if (error != nullptr) std::snprintf(error->message, sizeof error->message, "%s", result.message.c_str());
+  return result.status;
+}
+
+}  // namespace flamia::capi
+
+using flamia::capi::CallError;
+
+extern "C" {
+
+void flamia_default_options(flamia_options* options) {
+  if (options == nullptr) return;
+  const flamia::NumericsOptions defaults;
+  options->causal = 1;
+  options->softmax_scale = 0.0f;
+  options->isolation =
+      defaults.isolation == flamia::Isolation::kPrefix ? FLAMIA_ISOLATION_PREFIX : FLAMIA_ISOLATION_DOCUMENT;
+  options->scale_geometry =
+      defaults.scale_geometry == flamia::ScaleGeometry::kToken ? FLAMIA_SCALE_TOKEN : FLAMIA_SCALE_BLOCK32;
+  options->scale_rule =
+      defaults.scale_rule == flamia::ScaleRule::kFloor ? FLAMIA_SCALE_RULE_FLOOR : FLAMIA_SCALE_RULE_CEIL;
+  options->p_boost_log2 = defaults.p_boost_log2;
+}
+
+const char* flamia_status_name(flamia_status status) {
+  switch (flamia::capi::raw_enum(status)) {
+    case FLAMIA_SUCCESS: return "FLAMIA_SUCCESS";
+    case FLAMIA_ERROR_INVALID_ARGUMENT: return "FLAMIA_ERROR_INVALID_ARGUMENT";
+    case FLAMIA_ERROR_NOT_SUPPORTED: return "FLAMIA_ERROR_NOT_SUPPORTED";
+    case FLAMIA_ERROR_WORKSPACE: return "FLAMIA_ERROR_WORKSPACE";
+    case FLAMIA_ERROR_CUDA: return "FLAMIA_ERROR_CUDA";
+    default: return "FLAMIA_UNKNOWN_STATUS";
+  }
+}
+
+flamia_status flamia_forward_workspace_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
+                                            size_t* bytes, flamia_error* error) {
+  try {
+    if (bytes == nullptr) return flamia::capi::report({FLAMIA_ERROR_INVALID_ARGUMENT, "bytes is NULL"}, error);
+    *bytes = 0;
+    if (CallError e = flamia::capi::validate_shapes(q, k, v); !e.ok()) return flamia::capi::report(e, error);
+    *bytes = flamia::capi::forward_workspace_layout(q->tokens, q->heads, k->heads, q->dim).total;
+    return flamia::capi::report(CallError::success(), error);
+  } catch (const std::exception& e) {
+    return flamia::capi::report({FLAMIA_ERROR_INVALID_ARGUMENT, std::string("internal error: ") + e.what()}, error);
+  } catch (...) {
+    return flamia::capi::report({FLAMIA_ERROR_INVALID_ARGUMENT, "internal error"}, error);
+  }
+}
+
+}  // extern "C"

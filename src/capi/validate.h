@@ -1,0 +1,78 @@
+// Host-side half of the C API: argument validation, the workspace layout and the error plumbing.
+// Pure C++ (no CUDA headers), part of the core library, so the CPU tests exercise every rule;
+// src/capi/forward.cu calls the same functions before it launches anything.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/options.h"
+#include "flamia/flamia.h"
+
+namespace flamia::capi {
+
+// Success, or the first problem found: a status and a message that names the bad argument.
+struct CallError {
+  flamia_status status = FLAMIA_SUCCESS;
+  std::string message;
+
+  bool ok() const { return status == FLAMIA_SUCCESS; }
+  static CallError success() { return {}; }
+};
+
+// Limits of the kernels this library builds (FLAMIA_ERROR_NOT_SUPPORTED beyond them).
+inline constexpr int64_t kMaxElements = 2147483647;  // T * H * D of every tensor: int32 indexing
+inline constexpr int64_t kMaxHeads = 65535;          // heads ride on a grid dimension
+inline constexpr bool head_dim_supported(int64_t d) { return d == 64 || d == 128; }
+
+// Input rows must be 16-byte aligned: data pointers 16-byte aligned, strides multiples of 8 BF16.
+inline constexpr size_t kDataAlignment = 16;
+inline constexpr int64_t kStrideMultiple = 8;
+
+// Shape checks shared by the size query and the call: q, k, v non-null, BF16, T >= 1, equal
+// tokens and dim, k and v the same heads, Hq a multiple of Hkv; then the NOT_SUPPORTED limits
+// (head_dim 64 or 128, heads <= 65535, T * H * D <= 2^31 - 1). Data pointers, strides and
+// alignment are not looked at (the size query only needs the shapes).
+CallError validate_shapes(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v);
+
+// Everything flamia_forward checks before it touches the device (never dereferences a device
+// pointer; reads docs->cu_seqlens_host when it is not NULL). INVALID_ARGUMENT problems are
+// reported before NOT_SUPPORTED ones, so NOT_SUPPORTED means "valid, but not built".
+CallError validate_forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
+                           const flamia_documents* docs, const flamia_options* options, const flamia_tensor* o,
+                           const float* lse);
+
+// The C options as the numerics core spells them (valid options only: check them first).
+NumericsOptions numerics_options(const flamia_options& options);
+
+// The forward's device workspace: one 256-byte aligned region per buffer, offsets from the
+// (256-byte aligned) workspace base. The size query and the call both use this one function.
+inline constexpr size_t kWorkspaceAlignment = 256;
+
+struct WorkspaceRegion {
+  size_t offset = 0, bytes = 0;
+};
+
+struct ForwardWorkspace {
+  WorkspaceRegion q_codes;     // E4M3 [T, Hq, D]
+  WorkspaceRegion k_codes;     // E4M3 [T, Hkv, D]
+  WorkspaceRegion v_codes;     // E4M3 [T, Hkv, D]
+  WorkspaceRegion q_scales;    // UE8M0 [T, Hq]
+  WorkspaceRegion k_scales;    // UE8M0 [T, Hkv]
+  WorkspaceRegion v_scales;    // UE8M0 [T, Hkv]
+  WorkspaceRegion v_fold_ref;  // UE8M0 [T, Hkv]: running max of V's scales within the document
+  size_t total = 0;            // a multiple of kWorkspaceAlignment
+};
+
+// Precondition: the shapes passed validate_shapes (so no size can overflow).
+ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim);
+
+// FLAMIA_ERROR_WORKSPACE when the workspace is NULL, smaller than layout.total, or not 256-byte aligned.
+CallError check_workspace(const ForwardWorkspace& layout, const void* workspace, size_t workspace_bytes);
+
+// Writes the message into *error (truncated to fit, always NUL-terminated; "" on success) when
+// error is not NULL, and returns the status.
+flamia_status report(const CallError& result, flamia_error* error);
+
+}  // namespace flamia::capi

@@ -1,0 +1,224 @@
+// MXFP8 quantization kernels; see quantize_mxfp8.cuh for the contract.
+//
+// Bit-exactness with reference::quantize_mxfp8 rests on three facts:
+//   1. amax. For finite BF16 values the bit pattern of |x| (sign cleared) orders exactly like
+//      the value, and every non-finite pattern (0x7F80 Inf, above it NaN) is larger than every
+//      finite one. So the integer max of the masked patterns is the bit pattern of the CPU's
+//      max |x|, or a non-finite pattern whenever the group holds a NaN or Inf, which the CPU's
+//      nan_max_abs turns into NaN. The max is associative, so the parallel reduction order does
+//      not matter.
+//   2. Values. A BF16 pattern is converted to the double it represents without any float step
+//      (detail::bf16_bits_to_double), so the result does not depend on FTZ or fast-math flags;
+//      the CPU holds the same doubles (the inputs are exactly BF16).
+//   3. Scale and codes come from the shared FLAMIA_HD codecs, evaluated in double exactly as on
+//      the host: formats::scale_for_amax for the scale and, for the codes, formats::encode (the
+//      E4M3 codec) through formats::encode_scaled_e4m3.
+//      These functions use only frexp, ldexp, rint, fabs, comparisons and integer-valued double
+//      arithmetic, all exact (0 ulp) in CUDA's double math, so host and device agree bit for bit.
+#include "cuda/quant/quantize_mxfp8.cuh"
+
+#include <cmath>
+
+#include "core/documents.h"
+#include "core/tiling.h"
+#include "formats/minifloat.h"
+#include "formats/scales.h"
+
+namespace flamia::cuda {
+namespace {
+
+constexpr int kTileTokens = tiling::kScaleBlock;  // document positions per CTA step: one block32 group
+constexpr int kThreads = 256;
+constexpr int kChunk = 8;  // BF16 features per 16-byte load
+constexpr int kMaxDim = 256;
+constexpr int kMaxItemsPerThread = kTileTokens * (kMaxDim / kChunk) / kThreads;  // (row, chunk) items
+constexpr int kMaxGridY = 65535;
+static_assert(kTileTokens == 32, "one warp-sized tile of positions per CTA step");
+static_assert(kTileTokens * (kMaxDim / kChunk) % kThreads == 0, "items divide evenly over the CTA");
+
+struct DocSpan {
+  int begin, length;
+};
+
+// The document's token range, clamped into [0, total_tokens] so malformed offsets stay in bounds.
+__device__ __forceinline__ DocSpan document_span(const int32_t* __restrict__ cu_seqlens, int doc, int total_tokens) {
+  int b = __ldg(cu_seqlens + doc), e = __ldg(cu_seqlens + doc + 1);
+  b = min(max(b, 0), total_tokens);
+  e = min(max(e, b), total_tokens);
+  return {b, e - b};
+}
+
+// Max of |x| over 8 BF16 values, as a sign-cleared bit pattern (see fact 1 above).
+__device__ __forceinline__ uint32_t max_abs_bits(const uint4& v) {
+  constexpr uint32_t kAbs = 0x7FFF7FFFu;
+  const uint32_t m = __vmaxu2(__vmaxu2(v.x & kAbs, v.y & kAbs), __vmaxu2(v.z & kAbs, v.w & kAbs));
+  return max(m & 0xFFFFu, m >> 16);
+}
+
+// Codes of the two BF16 values packed in w (low half first), as two bytes.
+__device__ __forceinline__ uint32_t encode_pair(uint32_t w, uint8_t scale) {
+  return uint32_t(formats::encode_scaled_e4m3(detail::bf16_bits_to_double(w & 0xFFFFu), scale)) |
+         (uint32_t(formats::encode_scaled_e4m3(detail::bf16_bits_to_double(w >> 16), scale)) << 8);
+}
+
+template <bool kVecLoad>
+__device__ __forceinline__ uint4 load_chunk(const __nv_bfloat16* src) {
+  if constexpr (kVecLoad) {
+    return __ldg(reinterpret_cast<const uint4*>(src));
+  } else {
+    const unsigned short* p = reinterpret_cast<const unsigned short*>(src);
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) w[j] = uint32_t(__ldg(p + 2 * j)) | (uint32_t(__ldg(p + 2 * j + 1)) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// Grid (position tiles, documents, heads); each CTA step owns positions [p0, p0 + 32) of one
+// document and one head: one block32 group, or 32 token groups. Its kThreads threads split the
+// tile's rows x (dim / 8) chunks; each thread keeps its (up to 4) 16-byte chunks in registers
+// between the amax pass and the encode pass, so x is read once.
+template <bool kVecLoad>
+__global__ void __launch_bounds__(kThreads)
+    quantize_mxfp8_kernel(const __nv_bfloat16* __restrict__ x, int64_t token_stride, int64_t head_stride,
+                          int total_tokens, int heads, int dim, const int32_t* __restrict__ cu_seqlens, int num_docs,
+                          ScaleGeometry geometry, ScaleRule rule, bool vec_store, uint8_t* __restrict__ codes,
+                          uint8_t* __restrict__ scales) {
+  __shared__ uint32_t row_amax[kTileTokens];  // sign-cleared BF16 patterns; block32 uses slot 0
+  __shared__ uint8_t row_scale[kTileTokens];
+  const int h = int(blockIdx.z);
+  const int chunks = dim / kChunk;
+  const int items = kTileTokens * chunks;
+  const bool per_token = geometry == ScaleGeometry::kToken;
+
+  // Both loops are uniform over the CTA, so the barriers inside are safe.
+  // Loop counters are 64-bit so that stepping past the end cannot overflow.
+  for (int64_t doc = blockIdx.y; doc < num_docs; doc += gridDim.y) {
+    const DocSpan d = document_span(cu_seqlens, int(doc), total_tokens);
+    for (int64_t step = int64_t(blockIdx.x) * kTileTokens; step < d.length; step += int64_t(gridDim.x) * kTileTokens) {
+      const int p0 = int(step);
+      // A block32 group is [p0, scale_group_end(p0)); a token tile is the same 32 positions.
+      const int rows = scale_group_end(p0, ScaleGeometry::kBlock32, d.length) - p0;
+      const int t0 = d.begin + p0;
+      if (threadIdx.x < kTileTokens) row_amax[threadIdx.x] = 0u;
+      __syncthreads();
+
+      uint4 v[kMaxItemsPerThread];
+      uint32_t local = 0;
+#pragma unroll
+      for (int k = 0; k < kMaxItemsPerThread; ++k) {
+        const int i = int(threadIdx.x) + k * kThreads;
+        const int r = i / chunks, c = i - r * chunks;
+        v[k] = make_uint4(0u, 0u, 0u, 0u);
+        if (i < items && r < rows) {
+          v[k] = load_chunk<kVecLoad>(x + int64_t(t0 + r) * token_stride + int64_t(h) * head_stride + c * kChunk);
+          const uint32_t m = max_abs_bits(v[k]);
+          if (per_token) {
+            atomicMax(&row_amax[r], m);
+          } else {
+            local = max(local, m);
+          }
+        }
+      }
+      if (!per_token) {
+        local = __reduce_max_sync(0xFFFFFFFFu, local);
+        if ((threadIdx.x & 31u) == 0) atomicMax(&row_amax[0], local);
+      }
+      __syncthreads();
+
+      if (int(threadIdx.x) < rows) {
+        const uint8_t s = formats::scale_for_amax(detail::bf16_bits_to_double(row_amax[per_token ? threadIdx.x : 0]), rule);
+        row_scale[threadIdx.x] = s;
+        scales[int64_t(t0 + int(threadIdx.x)) * heads + h] = s;
+      }
+      __syncthreads();
+
+#pragma unroll
+      for (int k = 0; k < kMaxItemsPerThread; ++k) {
+        const int i = int(threadIdx.x) + k * kThreads;
+        const int r = i / chunks, c = i - r * chunks;
+        if (i < items && r < rows) {
+          const uint8_t s = row_scale[r];
+          const uint32_t lo = encode_pair(v[k].x, s) | (encode_pair(v[k].y, s) << 16);
+          const uint32_t hi = encode_pair(v[k].z, s) | (encode_pair(v[k].w, s) << 16);
+          uint8_t* dst = codes + (int64_t(t0 + r) * heads + h) * dim + c * kChunk;
+          if (vec_store) {
+            *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+          } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              dst[j] = uint8_t(lo >> (8 * j));
+              dst[4 + j] = uint8_t(hi >> (8 * j));
+            }
+          }
+        }
+      }
+      // No barrier needed before the next step: it first rewrites row_amax (last read before
+      // the second barrier above) and rewrites row_scale only after two more barriers.
+    }
+  }
+}
+
+// One thread per (document, head), heads fastest so a warp reads neighbouring bytes, scanning the
+// document's tokens in order. UE8M0 bytes order like their exponents and the NaN code 0xFF is the
+// largest byte, so the running byte max is the NaN-propagating running max of the exponents
+// (starting from 0x00, the smallest exponent, which any first token's scale dominates).
+__global__ void __launch_bounds__(kThreads)
+    prefix_max_scales_kernel(const uint8_t* __restrict__ scales, int total_tokens, int heads,
+                             const int32_t* __restrict__ cu_seqlens, int num_docs, uint8_t* __restrict__ prefix_max) {
+  static_assert(formats::kUe8m0NaN == 0xFF, "NaN must be the largest UE8M0 byte");
+  const int64_t n = int64_t(num_docs) * heads;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int doc = int(i / heads), h = int(i % heads);
+    const DocSpan d = document_span(cu_seqlens, doc, total_tokens);
+    uint32_t running = 0;
+    for (int p = 0; p < d.length; ++p) {
+      const int64_t at = int64_t(d.begin + p) * heads + h;
+      running = max(running, uint32_t(__ldg(scales + at)));
+      prefix_max[at] = uint8_t(running);
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, int64_t head_stride, int total_tokens,
+                                  int heads, int dim, const int32_t* cu_seqlens, int num_docs, int max_seqlen,
+                                  ScaleGeometry geometry, ScaleRule rule, uint8_t* codes, uint8_t* scales,
+                                  cudaStream_t stream) {
+  if (dim < kChunk || dim > kMaxDim || dim % kChunk != 0 || heads < 1 || heads > kMaxGridY || total_tokens < 0 ||
+      num_docs < 0)
+    return cudaErrorInvalidValue;
+  if (total_tokens == 0 || num_docs == 0) return cudaSuccess;
+  if (x == nullptr || cu_seqlens == nullptr || codes == nullptr || scales == nullptr) return cudaErrorInvalidValue;
+
+  const bool vec_load = reinterpret_cast<uintptr_t>(x) % 16 == 0 && token_stride % kChunk == 0 && head_stride % kChunk == 0;
+  const bool vec_store = reinterpret_cast<uintptr_t>(codes) % 8 == 0;
+  const int tiles = max_seqlen > 0 ? (max_seqlen - 1) / kTileTokens + 1 : 1;
+  const dim3 grid(unsigned(tiles), unsigned(num_docs < kMaxGridY ? num_docs : kMaxGridY), unsigned(heads));
+  if (vec_load) {
+    quantize_mxfp8_kernel<true><<<grid, kThreads, 0, stream>>>(x, token_stride, head_stride, total_tokens, heads, dim,
+                                                               cu_seqlens, num_docs, geometry, rule, vec_store, codes,
+                                                               scales);
+  } else {
+    quantize_mxfp8_kernel<false><<<grid, kThreads, 0, stream>>>(x, token_stride, head_stride, total_tokens, heads, dim,
+                                                                cu_seqlens, num_docs, geometry, rule, vec_store, codes,
+                                                                scales);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_prefix_max_scales(const uint8_t* scales, int total_tokens, int heads, const int32_t* cu_seqlens,
+                                     int num_docs, uint8_t* prefix_max, cudaStream_t stream) {
+  if (heads < 1 || total_tokens < 0 || num_docs < 0) return cudaErrorInvalidValue;
+  if (total_tokens == 0 || num_docs == 0) return cudaSuccess;
+  if (scales == nullptr || cu_seqlens == nullptr || prefix_max == nullptr) return cudaErrorInvalidValue;
+  const int64_t n = int64_t(num_docs) * heads;
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  constexpr int64_t kMaxBlocks = 1 << 20;
+  prefix_max_scales_kernel<<<unsigned(blocks < kMaxBlocks ? blocks : kMaxBlocks), kThreads, 0, stream>>>(
+      scales, total_tokens, heads, cu_seqlens, num_docs, prefix_max);
+  return cudaGetLastError();
+}
+
+}  // namespace flamia::cuda

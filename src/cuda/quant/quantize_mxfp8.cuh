@@ -1,0 +1,75 @@
+// MXFP8 quantization of packed variable-length BF16 operands on the GPU (sm_90a).
+//
+// The spec is the CPU quantizer reference::quantize_mxfp8 (src/reference/quantize.cpp): the
+// codes and scales written here are bitwise identical to it. Scale groups are counted from each
+// document start (block32: 32 tokens x D features of one head, the last group of a document may
+// be short; token: one token x D features), amax is NaN as soon as the group holds a NaN or Inf
+// (scale 0xFF; formats::encode_scaled_e4m3 stores such a group's codes as zeros), and the scale and codes come from the shared host/device codecs in src/formats/.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/options.h"
+#include "formats/host_device.h"
+#include "formats/minifloat.h"
+#include "formats/scales.h"
+
+namespace flamia::cuda {
+
+namespace detail {
+
+// The two per-element steps of the kernel, host- and device-callable so that host tests can
+// check them exhaustively against the host codecs (tests/gpu/test_quantize_gpu.cu).
+
+// The double a BF16 bit pattern (low 16 bits) represents. Exact: ldexp of a small integer, and
+// no float step, so the result cannot depend on FTZ or fast-math flags.
+FLAMIA_HD double bf16_bits_to_double(uint32_t bits) {
+  const int e = int((bits >> 7) & 0xFFu), m = int(bits & 0x7Fu);
+  double mag;
+  if (e == 0xFF) {
+    mag = m != 0 ? double(NAN) : double(INFINITY);
+  } else if (e == 0) {
+    mag = std::ldexp(double(m), -133);  // subnormal: m * 2^(-126 - 7)
+  } else {
+    mag = std::ldexp(double(128 + m), e - 134);  // (1 + m / 128) * 2^(e - 127)
+  }
+  return (bits & 0x8000u) ? -mag : mag;
+}
+
+}  // namespace detail
+
+// Quantizes x [total_tokens, heads, dim] (BF16, element strides token_stride and head_stride,
+// features contiguous) into codes [total_tokens, heads, dim] (E4M3, contiguous) and scales
+// [total_tokens, heads] (UE8M0, one byte per token and head; a block32 group repeats its scale
+// on each of its tokens).
+//
+// cu_seqlens (device, num_docs + 1 entries) delimits the documents; entries are clamped into
+// [0, total_tokens] (and each end to at least its begin), so malformed offsets cannot make the
+// kernel read or write out of bounds, though they give meaningless results. Tokens outside every
+// document are not written. max_seqlen only sizes the grid: the kernel loops, so a too-small
+// value costs speed, not correctness.
+//
+// Requirements (else cudaErrorInvalidValue, nothing launched): dim a multiple of 8 in [8, 256],
+// 1 <= heads <= 65535, non-null pointers when there is work. 16-byte loads are used when x is
+// 16-byte aligned and both strides are multiples of 8 elements, scalar loads otherwise; codes
+// are written 8 bytes at a time when the codes pointer is 8-byte aligned. Asynchronous on
+// `stream`; returns the launch status.
+cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, int64_t head_stride, int total_tokens,
+                                  int heads, int dim, const int32_t* cu_seqlens, int num_docs, int max_seqlen,
+                                  flamia::ScaleGeometry geometry, flamia::ScaleRule rule, uint8_t* codes,
+                                  uint8_t* scales, cudaStream_t stream);
+
+// The mask-aware V fold reference: prefix_max[t, h] = the largest V scale exponent of head h over
+// positions [document start, t] of t's document, as a UE8M0 byte [total_tokens, heads]. NaN
+// propagates: once a 0xFF scale is seen, the rest of the document stays 0xFF. (UE8M0 codes are
+// the exponent plus 127, so the byte order is the exponent order and 0xFF, NaN, is the largest
+// byte: the running byte max is exactly the NaN-propagating running max of the exponents.)
+// cu_seqlens is clamped as above. Asynchronous on `stream`; returns the launch status.
+cudaError_t launch_prefix_max_scales(const uint8_t* scales, int total_tokens, int heads, const int32_t* cu_seqlens,
+                                     int num_docs, uint8_t* prefix_max, cudaStream_t stream);
+
+}  // namespace flamia::cuda

@@ -1,0 +1,273 @@
+// MXFP8 attention forward, first kernel: FP8 mma.sync (m16n8k32 e4m3), one CTA per
+// (document, 64-query tile, query head). It implements the emulation's numerics exactly as
+// docs/NUMERICS.md states them; the TMA + wgmma warp-specialized kernel replaces it for speed.
+//
+// Per key tile (128 keys, from the diagonal tile down, as the emulation):
+//   S = (Q codes . K codes) * 2^eq_i * 2^ek_j * scale * log2(e)      scales factored out
+//   m' = max(m, visible S);  l = l 2^(m - m') + sum p;  acc *= 2^(m - m')
+//   P~ = E4M3(p * 2^ev_j * 2^(boost - rho_i));  acc += P~ . V codes     V fold before rounding
+// O = acc * 2^(rho_i - boost) / l,  LSE = (m + log2 l) ln 2.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/tiling.h"
+#include "cuda/sm90/forward.h"
+#include "formats/scales.h"
+
+namespace flamia::cuda::sm90 {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kRowsPerWarp = 16;                     // one m16 MMA row block per warp
+constexpr int kQueryRows = kWarps * kRowsPerWarp;    // 64 queries per CTA
+constexpr int kKeyTile = tiling::kFwdKeyTile;        // 128 keys per online-softmax step
+constexpr int kKeyBlocks = kKeyTile / 8;             // n8 blocks of S per tile
+static_assert(tiling::kFwdKeyTile % kQueryRows == 0, "a CTA's rows must share their diagonal key tile");
+
+__device__ __forceinline__ float nan_max(float a, float b) { return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
+
+constexpr int kNaNExponent = 1 << 20;  // stands for the UE8M0 NaN code in exponent arithmetic
+
+// 2^e, exact (built from the bits), for any integer e: 0 below the float range, NaN for the NaN marker.
+__device__ __forceinline__ float pow2i(int e) {
+  if (e >= kNaNExponent / 2) return __int_as_float(0x7fc00000);
+  if (e >= -126) return __int_as_float((e + 127) << 23);
+  return e >= -149 ? __int_as_float(1 << (e + 149)) : 0.f;
+}
+__device__ __forceinline__ int scale_exponent(uint8_t code) {
+  return formats::ue8m0_is_nan(code) ? kNaNExponent : formats::ue8m0_exponent(code);
+}
+__device__ __forceinline__ float pow2_of_scale(uint8_t code) { return pow2i(scale_exponent(code)); }
+
+__device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats to two E4M3 codes (round to nearest even, saturating; NaN stays NaN), lo in the low byte.
+__device__ __forceinline__ uint32_t pack_e4m3x2(float lo, float hi) {
+  return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
+}
+
+// The S accumulator holds, for lane (g, t), keys 8nb + 2t + {0,1} of rows g and g+8. P.V's A operand
+// wants keys 4t..4t+3 and 16+4t..16+4t+3 of each 32-key step. The contraction is a sum, so instead of
+// shuffling P we permute the keys of the step: A position kappa = 16h + 4t' + e holds key
+// 16h + 8(e/2) + 2t' + e%2, and V's B fragment is gathered with the same permutation.
+__device__ __forceinline__ int permuted_key(int kappa) {
+  const int half = kappa >> 4, w = kappa & 15, t = w >> 2, e = w & 3;
+  return half * 16 + (e >> 1) * 8 + 2 * t + (e & 1);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParams p) {
+  constexpr int kPitch = D + 16;  // smem row pitch: 16 bytes of padding spread rows over banks
+  __shared__ __align__(16) uint8_t k_tile[kKeyTile * kPitch];
+  __shared__ __align__(16) uint8_t v_tile[kKeyTile * kPitch];
+  __shared__ float k_col[kKeyTile];  // 2^ek_j
+  __shared__ int v_exp[kKeyTile];     // ev_j
+
+  const int doc = blockIdx.y, h = blockIdx.z;
+  const int q_tiles = gridDim.x;
+  const int tile = q_tiles - 1 - blockIdx.x;  // later (costlier, causal) tiles launch first
+  int doc_begin = p.cu_seqlens[doc], doc_end = p.cu_seqlens[doc + 1];
+  doc_begin = min(max(doc_begin, 0), p.total_tokens);  // garbage cu_seqlens cannot index out of bounds
+  doc_end = min(max(doc_end, doc_begin), p.total_tokens);
+  const int len = doc_end - doc_begin;
+  const int q0 = tile * kQueryRows;
+  if (q0 >= len) return;
+  const int kvh = h / (p.q_heads / p.kv_heads);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int rows[2] = {q0 + warp * kRowsPerWarp + g, q0 + warp * kRowsPerWarp + g + 8};
+  const bool row_valid[2] = {rows[0] < len, rows[1] < len};
+  const float scale_log2e = p.softmax_scale * 1.4426950408889634f;
+
+  // Q fragments for the whole row block: D/32 k-steps x 4 registers.
+  uint32_t qa[D / 32][4];
+  float q_factor[2], out_factor[2];
+  int fold_bias[2];  // boost - rho_i: the P operand is p * 2^(ev_j + fold_bias), never above 2^boost
+  for (int r = 0; r < 2; ++r) {
+    const int tok = doc_begin + (row_valid[r] ? rows[r] : 0);
+    q_factor[r] = pow2_of_scale(p.q_scales[size_t(tok) * p.q_heads + h]) * scale_log2e;
+    // rho_i: the running max of V's exponents over visible keys (the whole document if not causal).
+    const int ref_tok = p.causal ? tok : doc_end - 1;
+    const uint8_t rho = p.v_fold_ref[size_t(ref_tok) * p.kv_heads + kvh];
+    const int rho_exp = scale_exponent(rho);
+    fold_bias[r] = rho_exp == kNaNExponent ? kNaNExponent : p.p_boost_log2 - rho_exp;
+    out_factor[r] = rho_exp == kNaNExponent ? pow2i(kNaNExponent) : pow2i(rho_exp - p.p_boost_log2);
+  }
+#pragma unroll
+  for (int ks = 0; ks < D / 32; ++ks) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = j & 1, col = ks * 32 + (j >> 1) * 16 + 4 * t;
+      qa[ks][j] = row_valid[r] ? *reinterpret_cast<const uint32_t*>(
+                                     p.q_codes + (size_t(doc_begin + rows[r]) * p.q_heads + h) * D + col)
+                               : 0u;
+    }
+  }
+
+  float o_acc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  const int last_row = min(q0 + kQueryRows, len) - 1;
+  const int last_key = p.causal ? last_row : len - 1;
+  for (int kt = last_key / kKeyTile; kt >= 0; --kt) {
+    const int k0 = kt * kKeyTile;
+    __syncthreads();  // the previous tile's readers are done
+    // Stage K and V codes (16-byte loads, zeros past the document end) and their column scales.
+    constexpr int kChunks = D / 16;
+    for (int c = threadIdx.x; c < kKeyTile * kChunks; c += blockDim.x) {
+      const int key = c / kChunks, chunk = c % kChunks;
+      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+      if (k0 + key < len) {
+        const size_t off = (size_t(doc_begin + k0 + key) * p.kv_heads + kvh) * D + chunk * 16;
+        kv = *reinterpret_cast<const uint4*>(p.k_codes + off);
+        vv = *reinterpret_cast<const uint4*>(p.v_codes + off);
+      }
+      *reinterpret_cast<uint4*>(k_tile + key * kPitch + chunk * 16) = kv;
+      *reinterpret_cast<uint4*>(v_tile + key * kPitch + chunk * 16) = vv;
+    }
+    for (int key = threadIdx.x; key < kKeyTile; key += blockDim.x) {
+      const bool in_doc = k0 + key < len;
+      const size_t s = size_t(doc_begin + (in_doc ? k0 + key : 0)) * p.kv_heads + kvh;
+      k_col[key] = in_doc ? pow2_of_scale(p.k_scales[s]) : 0.f;
+      v_exp[key] = in_doc ? scale_exponent(p.v_scales[s]) : 0;
+    }
+    __syncthreads();
+
+    // S = Q . K^T for this warp's 16 rows and the tile's 128 keys.
+    float s[kKeyBlocks][4];
+#pragma unroll
+    for (int nb = 0; nb < kKeyBlocks; ++nb) {
+      s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+      const uint8_t* krow = k_tile + (nb * 8 + g) * kPitch + 4 * t;
+#pragma unroll
+      for (int ks = 0; ks < D / 32; ++ks) {
+        mma_e4m3(s[nb], qa[ks], *reinterpret_cast<const uint32_t*>(krow + ks * 32),
+                 *reinterpret_cast<const uint32_t*>(krow + ks * 32 + 16));
+      }
+    }
+
+    // Scales, mask, running max (visible keys only, so it never looks past the row).
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nb = 0; nb < kKeyBlocks; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1, key = nb * 8 + 2 * t + (e & 1), kpos = k0 + key;
+        const bool visible = row_valid[r] && kpos < len && (!p.causal || kpos <= rows[r]);
+        s[nb][e] = visible ? s[nb][e] * q_factor[r] * k_col[key] : -INFINITY;
+        tile_max[r] = nan_max(tile_max[r], s[nb][e]);
+      }
+    }
+    float alpha[2], m_new[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = nan_max(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
+      tile_max[r] = nan_max(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
+      m_new[r] = nan_max(m[r], tile_max[r]);
+      // A row with nothing visible yet keeps m = -inf; its p are all 0.
+      alpha[r] = m[r] == -INFINITY ? (m_new[r] == -INFINITY ? 1.f : 0.f) : exp2f(m[r] - m_new[r]);
+      l[r] *= alpha[r];
+      m[r] = m_new[r];
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o_acc[n][0] *= alpha[0], o_acc[n][1] *= alpha[0];
+      o_acc[n][2] *= alpha[1], o_acc[n][3] *= alpha[1];
+    }
+
+    // p = 2^(s - m); l sums unrounded p; P~ = E4M3(p 2^ev_j 2^(boost - rho_i)) packed as P.V's A operand.
+    uint32_t pa[kKeyTile / 32][4];
+#pragma unroll
+    for (int kk = 0; kk < kKeyTile / 32; ++kk) {
+      float pf[4][4];  // [n8 block within the step][element]
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const int nb = kk * 4 + b;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, key = nb * 8 + 2 * t + (e & 1);
+          const bool visible = s[nb][e] != -INFINITY;
+          const float pe = visible ? exp2f(s[nb][e] - m_new[r]) : 0.f;
+          l[r] += pe;
+          // Masked keys contribute an exact 0, even when their V scale is NaN.
+          const int k_exp = v_exp[key] == kNaNExponent ? kNaNExponent : v_exp[key] + fold_bias[r];
+          pf[b][e] = visible ? pe * pow2i(k_exp) : 0.f;
+        }
+      }
+      // A registers: {row g, kappa 4t..}, {row g+8, kappa 4t..}, {row g, kappa 16+4t..}, {row g+8, ...}
+      pa[kk][0] = pack_e4m3x2(pf[0][0], pf[0][1]) | (pack_e4m3x2(pf[1][0], pf[1][1]) << 16);
+      pa[kk][1] = pack_e4m3x2(pf[0][2], pf[0][3]) | (pack_e4m3x2(pf[1][2], pf[1][3]) << 16);
+      pa[kk][2] = pack_e4m3x2(pf[2][0], pf[2][1]) | (pack_e4m3x2(pf[3][0], pf[3][1]) << 16);
+      pa[kk][3] = pack_e4m3x2(pf[2][2], pf[2][3]) | (pack_e4m3x2(pf[3][2], pf[3][3]) << 16);
+    }
+
+    // O += P~ . V codes, V's B fragment gathered with the same key permutation.
+#pragma unroll
+    for (int kk = 0; kk < kKeyTile / 32; ++kk) {
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        uint32_t b[2];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          uint32_t word = 0;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = kk * 32 + permuted_key(half * 16 + 4 * t + e);
+            word |= uint32_t(v_tile[key * kPitch + n * 8 + g]) << (8 * e);
+          }
+          b[half] = word;
+        }
+        mma_e4m3(o_acc[n], pa[kk], b[0], b[1]);
+      }
+    }
+  }
+
+  // Finish: full row sums across the 4 lanes of a row, then O and LSE.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+  }
+  auto* o = static_cast<__nv_bfloat16*>(p.o);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (!row_valid[r]) continue;
+    const int tok = doc_begin + rows[r];
+    const float f = out_factor[r] / l[r];
+    __nv_bfloat16* orow = o + tok * p.o_stride_token + h * p.o_stride_head;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      const __nv_bfloat162 v2 = __floats2bfloat162_rn(o_acc[n][2 * r] * f, o_acc[n][2 * r + 1] * f);
+      *reinterpret_cast<__nv_bfloat162*>(orow + n * 8 + 2 * t) = v2;
+    }
+    if (t == 0) p.lse[size_t(h) * p.total_tokens + tok] = (m[r] + log2f(l[r])) * 0.6931471805599453f;
+  }
+}
+
+}  // namespace
+
+int launch_forward(const ForwardParams& p, void* stream) {
+  const dim3 grid((p.max_seqlen + kQueryRows - 1) / kQueryRows, p.num_docs, p.q_heads);
+  const dim3 block(kWarps * 32);
+  auto s = static_cast<cudaStream_t>(stream);
+  if (p.head_dim == 128) {
+    forward_kernel<128><<<grid, block, 0, s>>>(p);
+  } else if (p.head_dim == 64) {
+    forward_kernel<64><<<grid, block, 0, s>>>(p);
+  } else {
+    return int(cudaErrorInvalidValue);
+  }
+  return int(cudaGetLastError());
+}
+
+}  // namespace flamia::cuda::sm90

@@ -1,0 +1,32 @@
+// Hopper MXFP8 attention forward: launcher interface (host-callable, no CUDA headers needed).
+#pragma once
+
+#include <cstdint>
+
+namespace flamia::cuda::sm90 {
+
+// What the forward kernel reads and writes. Codes and scales come from the quantization kernels
+// (src/cuda/quant/): E4M3 codes [T, H, D] contiguous and one UE8M0 scale per (token, head).
+struct ForwardParams {
+  const uint8_t* q_codes;     // [T, Hq, D]
+  const uint8_t* q_scales;    // [T, Hq]
+  const uint8_t* k_codes;     // [T, Hkv, D]
+  const uint8_t* k_scales;    // [T, Hkv]
+  const uint8_t* v_codes;     // [T, Hkv, D]
+  const uint8_t* v_scales;    // [T, Hkv]
+  const uint8_t* v_fold_ref;  // [T, Hkv]: running max of V's scale exponents within the document
+  void* o;                    // BF16 [T, Hq, D] with the strides below (elements)
+  int64_t o_stride_token, o_stride_head;
+  float* lse;  // [Hq, T], natural log
+  const int32_t* cu_seqlens;
+  int num_docs, max_seqlen, total_tokens;
+  int q_heads, kv_heads, head_dim;
+  float softmax_scale;  // already resolved (never 0)
+  int p_boost_log2;
+  bool causal;
+};
+
+// Returns the cudaError_t of the launch as an int (0 = success). head_dim must be 64 or 128.
+int launch_forward(const ForwardParams& params, void* stream);
+
+}  // namespace flamia::cuda::sm90

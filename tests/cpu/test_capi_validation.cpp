@@ -1,0 +1,520 @@
+// The C API's host-side validation and workspace layout (no GPU: the descriptors hold fake,
+// 16-byte aligned pointers that validation never dereferences).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "capi/validate.h"
+#include "flamia/flamia.h"
+
+namespace flamia::capi {
+namespace {
+
+void* fake_pointer(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+flamia_tensor packed(uintptr_t address, int64_t tokens, int64_t heads, int64_t dim) {
+  flamia_tensor t{};
+  t.data = fake_pointer(address);
+  t.dtype = FLAMIA_DTYPE_BF16;
+  t.tokens = tokens;
+  t.heads = heads;
+  t.dim = dim;
+  t.stride_token = heads * dim;
+  t.stride_head = dim;
+  return t;
+}
+
+// A valid call: 3 documents of 5, 0 and 9 tokens, GQA 4 query heads over 2 K/V heads, D = 64.
+struct Call {
+  static constexpr int64_t T = 14, Hq = 4, Hkv = 2, D = 64;
+  flamia_tensor q = packed(0x10000, T, Hq, D);
+  flamia_tensor k = packed(0x20000, T, Hkv, D);
+  flamia_tensor v = packed(0x30000, T, Hkv, D);
+  flamia_tensor o = packed(0x40000, T, Hq, D);
+  std::vector<int32_t> cu_host{0, 5, 5, 14};
+  flamia_documents docs{};
+  flamia_options options{};
+  float* lse = static_cast<float*>(fake_pointer(0x50000));
+
+  Call() {
+    docs.cu_seqlens = static_cast<const int32_t*>(fake_pointer(0x60000));
+    docs.cu_seqlens_host = cu_host.data();
+    docs.num_docs = 3;
+    docs.max_seqlen = 9;
+    flamia_default_options(&options);
+  }
+  CallError validate() const { return validate_forward(&q, &k, &v, &docs, &options, &o, lse); }
+};
+
+::testing::AssertionResult Fails(const CallError& e, flamia_status status, const std::string& needle) {
+  if (e.status != status) {
+    return ::testing::AssertionFailure() << "status " << flamia_status_name(e.status) << ", expected "
+                                         << flamia_status_name(status) << " (message: " << e.message << ")";
+  }
+  if (e.message.find(needle) == std::string::npos)
+    return ::testing::AssertionFailure() << "message \"" << e.message << "\" does not name \"" << needle << "\"";
+  return ::testing::AssertionSuccess();
+}
+
+constexpr flamia_status kInvalid = FLAMIA_ERROR_INVALID_ARGUMENT;
+constexpr flamia_status kNotSupported = FLAMIA_ERROR_NOT_SUPPORTED;
+
+TEST(CapiValidation, DefaultOptionsAndStatusNames) {
+  flamia_options o;
+  std::memset(&o, 0x7f, sizeof o);
+  flamia_default_options(&o);
+  EXPECT_EQ(o.causal, 1);
+  EXPECT_EQ(o.softmax_scale, 0.0f);
+  EXPECT_EQ(o.isolation, FLAMIA_ISOLATION_DOCUMENT);
+  EXPECT_EQ(o.scale_geometry, FLAMIA_SCALE_BLOCK32);
+  EXPECT_EQ(o.scale_rule, FLAMIA_SCALE_RULE_CEIL);
+  EXPECT_EQ(o.p_boost_log2, 8);
+  flamia_default_options(nullptr);  // no-op
+  EXPECT_STREQ(flamia_status_name(FLAMIA_SUCCESS), "FLAMIA_SUCCESS");
+  EXPECT_STREQ(flamia_status_name(FLAMIA_ERROR_INVALID_ARGUMENT), "FLAMIA_ERROR_INVALID_ARGUMENT");
+  EXPECT_STREQ(flamia_status_name(FLAMIA_ERROR_NOT_SUPPORTED), "FLAMIA_ERROR_NOT_SUPPORTED");
+  EXPECT_STREQ(flamia_status_name(FLAMIA_ERROR_WORKSPACE), "FLAMIA_ERROR_WORKSPACE");
+  EXPECT_STREQ(flamia_status_name(FLAMIA_ERROR_CUDA), "FLAMIA_ERROR_CUDA");
+  EXPECT_STREQ(flamia_status_name(static_cast<flamia_status>(42)), "FLAMIA_UNKNOWN_STATUS");
+}
+
+TEST(CapiValidation, ValidCallsPass) {
+  Call c;
+  EXPECT_TRUE(c.validate().ok()) << c.validate().message;
+
+  Call d128;  // D = 128, MHA, non-causal, explicit scale, prefix isolation off, floor rule, token scales
+  d128.q = packed(0x10000, Call::T, 2, 128);
+  d128.k = packed(0x20000, Call::T, 2, 128);
+  d128.v = packed(0x30000, Call::T, 2, 128);
+  d128.o = packed(0x40000, Call::T, 2, 128);
+  d128.options.causal = 0;
+  d128.options.softmax_scale = 0.1f;
+  d128.options.scale_rule = FLAMIA_SCALE_RULE_FLOOR;
+  d128.options.scale_geometry = FLAMIA_SCALE_TOKEN;
+  d128.options.p_boost_log2 = 0;
+  EXPECT_TRUE(d128.validate().ok()) << d128.validate().message;
+
+  Call prefix;
+  prefix.options.isolation = FLAMIA_ISOLATION_PREFIX;
+  EXPECT_TRUE(prefix.validate().ok()) << prefix.validate().message;
+
+  Call no_host;  // without the host copy only the scalars are checked
+  no_host.docs.cu_seqlens_host = nullptr;
+  EXPECT_TRUE(no_host.validate().ok());
+
+  Call padded;  // padded strides, a packed qkv-like layout, o in [H, T, D] order
+  padded.q.stride_token = 3 * Call::Hq * Call::D;
+  padded.k.stride_head = 2 * Call::D;
+  padded.k.stride_token = 8 * Call::D;
+  padded.o.stride_token = Call::D;
+  padded.o.stride_head = Call::T * Call::D;
+  EXPECT_TRUE(padded.validate().ok()) << padded.validate().message;
+
+  Call max_seqlen_larger;  // max_seqlen only needs to bound the longest document
+  max_seqlen_larger.docs.max_seqlen = Call::T;
+  EXPECT_TRUE(max_seqlen_larger.validate().ok());
+}
+
+TEST(CapiValidation, NullArguments) {
+  Call c;
+  EXPECT_TRUE(Fails(validate_forward(nullptr, &c.k, &c.v, &c.docs, &c.options, &c.o, c.lse), kInvalid, "q is NULL"));
+  EXPECT_TRUE(Fails(validate_forward(&c.q, nullptr, &c.v, &c.docs, &c.options, &c.o, c.lse), kInvalid, "k is NULL"));
+  EXPECT_TRUE(Fails(validate_forward(&c.q, &c.k, nullptr, &c.docs, &c.options, &c.o, c.lse), kInvalid, "v is NULL"));
+  EXPECT_TRUE(Fails(validate_forward(&c.q, &c.k, &c.v, nullptr, &c.options, &c.o, c.lse), kInvalid, "docs is NULL"));
+  EXPECT_TRUE(Fails(validate_forward(&c.q, &c.k, &c.v, &c.docs, nullptr, &c.o, c.lse), kInvalid, "options is NULL"));
+  EXPECT_TRUE(Fails(validate_forward(&c.q, &c.k, &c.v, &c.docs, &c.options, nullptr, c.lse), kInvalid, "o is NULL"));
+  EXPECT_TRUE(Fails(validate_forward(&c.q, &c.k, &c.v, &c.docs, &c.options, &c.o, nullptr), kInvalid, "lse is NULL"));
+  for (flamia_tensor Call::*t : {&Call::q, &Call::k, &Call::v, &Call::o}) {
+    Call b;
+    (b.*t).data = nullptr;
+    EXPECT_TRUE(Fails(b.validate(), kInvalid, ".data is NULL"));
+  }
+  Call d;
+  d.docs.cu_seqlens = nullptr;
+  EXPECT_TRUE(Fails(d.validate(), kInvalid, "docs.cu_seqlens"));
+}
+
+TEST(CapiValidation, Dtypes) {
+  Call c;
+  c.q.dtype = FLAMIA_DTYPE_FP16;
+  EXPECT_TRUE(Fails(c.validate(), kInvalid, "q.dtype"));
+  EXPECT_TRUE(Fails(c.validate(), kInvalid, "FLAMIA_DTYPE_FP16"));
+  Call o;
+  o.o.dtype = FLAMIA_DTYPE_FP32;
+  EXPECT_TRUE(Fails(o.validate(), kInvalid, "o.dtype"));
+  Call bogus;
+  bogus.v.dtype = static_cast<flamia_dtype>(9);
+  EXPECT_TRUE(Fails(bogus.validate(), kInvalid, "v.dtype"));
+}
+
+TEST(CapiValidation, Shapes) {
+  {
+    Call c;
+    c.q.tokens = c.k.tokens = c.v.tokens = c.o.tokens = 0;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "q.tokens"));
+  }
+  {
+    Call c;
+    c.k.tokens = Call::T - 1;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "k.tokens"));
+  }
+  {
+    Call c;
+    c.v.tokens = Call::T + 1;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "v.tokens"));
+  }
+  {
+    Call c;
+    c.o.tokens = Call::T + 1;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "o.tokens"));
+  }
+  {
+    Call c;
+    c.k.heads = 0;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "k.heads"));
+  }
+  {
+    Call c;  // k and v must share heads
+    c.v = packed(0x30000, Call::T, 1, Call::D);
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "v.heads"));
+  }
+  {
+    Call c;  // 4 query heads over 3 K/V heads
+    c.k = packed(0x20000, Call::T, 3, Call::D);
+    c.v = packed(0x30000, Call::T, 3, Call::D);
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "k.heads"));
+  }
+  {
+    Call c;
+    c.o.heads = Call::Hkv;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "o.heads"));
+  }
+  {
+    Call c;
+    c.k.dim = 128;
+    c.k.stride_head = 128;
+    c.k.stride_token = 256;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "k.dim"));
+  }
+  {
+    Call c;
+    c.o.dim = 32;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "o.dim"));
+  }
+}
+
+TEST(CapiValidation, UnsupportedHeadDimAndSizes) {
+  for (int64_t d : {32, 96, 256, 80}) {
+    Call c;
+    c.q = packed(0x10000, Call::T, Call::Hq, d);
+    c.k = packed(0x20000, Call::T, Call::Hkv, d);
+    c.v = packed(0x30000, Call::T, Call::Hkv, d);
+    c.o = packed(0x40000, Call::T, Call::Hq, d);
+    EXPECT_TRUE(Fails(c.validate(), kNotSupported, "head_dim")) << d;
+  }
+  {
+    // An invalid argument outranks an unsupported head dim.
+    Call c;
+    c.q = packed(0x10000, Call::T, Call::Hq, 96);
+    c.k = packed(0x20000, Call::T, Call::Hkv, 96);
+    c.v = packed(0x30000, Call::T, Call::Hkv, 96);
+    c.o = packed(0x40000, Call::T, Call::Hq, 96);
+    c.options.causal = 3;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "options.causal"));
+  }
+  {
+    // 2^31 elements: T * H * D overflows the kernels' int32 indexing.
+    Call c;
+    const int64_t T = (int64_t(1) << 31) / (Call::Hq * Call::D);
+    c.q.tokens = c.k.tokens = c.v.tokens = c.o.tokens = T;
+    c.docs.cu_seqlens_host = nullptr;
+    EXPECT_TRUE(Fails(c.validate(), kNotSupported, "2^31 - 1")) << c.validate().message;
+    EXPECT_TRUE(Fails(c.validate(), kNotSupported, "q has tokens * heads * dim"));
+    c.q.tokens = c.k.tokens = c.v.tokens = c.o.tokens = T - 1;  // just fits
+    EXPECT_TRUE(c.validate().ok()) << c.validate().message;
+  }
+  {
+    // Absurd shapes overflow int64 and still fail cleanly.
+    Call c;
+    const int64_t huge = int64_t(1) << 60;
+    c.q.tokens = c.k.tokens = c.v.tokens = c.o.tokens = huge;
+    c.q.stride_token = c.o.stride_token = Call::Hq * Call::D;
+    c.q.heads = c.o.heads = 4;
+    c.docs.cu_seqlens_host = nullptr;
+    EXPECT_TRUE(Fails(c.validate(), kNotSupported, "tokens * heads * dim"));
+    size_t bytes = 1;
+    flamia_error err;
+    EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, &bytes, &err), kNotSupported);
+    EXPECT_EQ(bytes, 0u);
+  }
+  {
+    Call c;
+    c.q = packed(0x10000, Call::T, 65536, Call::D);
+    c.o = packed(0x40000, Call::T, 65536, Call::D);
+    EXPECT_TRUE(Fails(c.validate(), kNotSupported, "q.heads"));
+  }
+}
+
+TEST(CapiValidation, StridesAndAlignment) {
+  {
+    Call c;
+    c.q.data = fake_pointer(0x10008);
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "q.data must be 16-byte aligned"));
+  }
+  {
+    Call c;
+    c.o.data = fake_pointer(0x40002);
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "o.data"));
+  }
+  {
+    Call c;
+    c.k.stride_head = Call::D - 8;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "k.stride_head"));
+  }
+  {
+    Call c;
+    c.v.stride_token = 0;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "v.stride_token"));
+  }
+  {
+    Call c;
+    c.v.stride_token = -Call::Hkv * Call::D;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "v.stride_token"));
+  }
+  {
+    Call c;  // 16-byte rows need strides that are multiples of 8 BF16 elements
+    c.q.stride_token = Call::Hq * Call::D + 4;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "q.stride_token"));
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "multiple of 8"));
+  }
+  {
+    Call c;  // inputs may overlap (read only): k and v both heads-interleaved with one token stride
+    c.k.stride_token = Call::D;
+    EXPECT_TRUE(c.validate().ok()) << c.validate().message;
+  }
+  {
+    Call c;  // output rows must not overlap
+    c.o.stride_token = Call::D;
+    c.o.stride_head = Call::D;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "o.stride_token"));
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "overlap"));
+  }
+  {
+    Call c;
+    c.o.stride_token = (Call::Hq - 1) * Call::D;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "o.heads * o.stride_head"));
+  }
+  {
+    Call c;
+    c.lse = static_cast<float*>(fake_pointer(0x50002));
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "lse"));
+  }
+  {
+    Call c;
+    c.docs.cu_seqlens = static_cast<const int32_t*>(fake_pointer(0x60001));
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "docs.cu_seqlens must be 4-byte aligned"));
+  }
+}
+
+TEST(CapiValidation, Documents) {
+  {
+    Call c;
+    c.docs.num_docs = 0;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "num_docs"));
+  }
+  for (int32_t m : {0, -1, int32_t(Call::T) + 1}) {
+    Call c;
+    c.docs.max_seqlen = m;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "max_seqlen")) << m;
+  }
+  {
+    Call c;  // shorter than the longest document (9 tokens, document 2)
+    c.docs.max_seqlen = 8;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "max_seqlen"));
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "longest document (9"));
+  }
+  {
+    Call c;  // non-monotone
+    c.cu_host = {0, 5, 4, 14};
+    c.docs.cu_seqlens_host = c.cu_host.data();
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "cu_seqlens_host[2]"));
+  }
+  {
+    Call c;  // out of range in the middle shows as a decrease
+    c.cu_host = {0, 20, 5, 14};
+    c.docs.cu_seqlens_host = c.cu_host.data();
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "cu_seqlens_host[2]"));
+  }
+  {
+    Call c;  // negative
+    c.cu_host = {0, -3, 5, 14};
+    c.docs.cu_seqlens_host = c.cu_host.data();
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "cu_seqlens_host[1]"));
+  }
+  {
+    Call c;
+    c.cu_host = {1, 5, 5, 14};
+    c.docs.cu_seqlens_host = c.cu_host.data();
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "cu_seqlens_host[0]"));
+  }
+  {
+    Call c;  // wrong end
+    c.cu_host = {0, 5, 5, 13};
+    c.docs.cu_seqlens_host = c.cu_host.data();
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "cu_seqlens_host[3]"));
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "14"));
+  }
+  {
+    Call c;  // num_docs covers only the first two documents: the host copy then ends at 5, not 14
+    c.docs.num_docs = 2;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "cu_seqlens_host[2]"));
+  }
+}
+
+TEST(CapiValidation, Options) {
+  {
+    Call c;
+    c.options.causal = 2;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "options.causal"));
+  }
+  for (float s : {-1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    Call c;
+    c.options.softmax_scale = s;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "options.softmax_scale")) << s;
+  }
+  {
+    Call c;
+    c.options.isolation = static_cast<flamia_isolation>(2);
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "options.isolation"));
+  }
+  {
+    Call c;
+    c.options.scale_geometry = static_cast<flamia_scale_geometry>(-1);
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "options.scale_geometry"));
+  }
+  {
+    Call c;
+    c.options.scale_rule = static_cast<flamia_scale_rule>(7);
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "options.scale_rule"));
+  }
+  for (int boost : {-1, 9}) {
+    Call c;
+    c.options.p_boost_log2 = boost;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "p_boost_log2")) << boost;
+  }
+  {
+    Call c;  // prefix isolation needs the causal mask
+    c.options.isolation = FLAMIA_ISOLATION_PREFIX;
+    c.options.causal = 0;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "isolation"));
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "causal"));
+  }
+}
+
+TEST(CapiValidation, NumericsOptionsMapping) {
+  flamia_options o;
+  flamia_default_options(&o);
+  NumericsOptions n = numerics_options(o);
+  EXPECT_EQ(n.isolation, Isolation::kDocument);
+  EXPECT_EQ(n.effective_geometry(), ScaleGeometry::kBlock32);
+  EXPECT_EQ(n.scale_rule, ScaleRule::kCeil);
+  EXPECT_EQ(n.p_boost_log2, 8);
+  o.isolation = FLAMIA_ISOLATION_PREFIX;
+  o.scale_rule = FLAMIA_SCALE_RULE_FLOOR;
+  o.p_boost_log2 = 3;
+  n = numerics_options(o);
+  EXPECT_EQ(n.isolation, Isolation::kPrefix);
+  EXPECT_EQ(n.effective_geometry(), ScaleGeometry::kToken);  // prefix isolation forces per-token scales
+  EXPECT_EQ(n.scale_rule, ScaleRule::kFloor);
+  EXPECT_EQ(n.p_boost_log2, 3);
+  o.isolation = FLAMIA_ISOLATION_DOCUMENT;
+  o.scale_geometry = FLAMIA_SCALE_TOKEN;
+  EXPECT_EQ(numerics_options(o).effective_geometry(), ScaleGeometry::kToken);
+}
+
+TEST(CapiValidation, WorkspaceLayout) {
+  for (const auto& [T, Hq, Hkv, D] : std::vector<std::array<int64_t, 4>>{
+           {1, 1, 1, 64}, {14, 4, 2, 64}, {1000, 32, 8, 128}, {777, 6, 3, 128}, {3, 65535, 1, 64}}) {
+    const ForwardWorkspace w = forward_workspace_layout(T, Hq, Hkv, D);
+    const ForwardWorkspace again = forward_workspace_layout(T, Hq, Hkv, D);
+    EXPECT_EQ(w.total, again.total);
+    EXPECT_EQ(w.total % kWorkspaceAlignment, 0u);
+    const WorkspaceRegion regions[] = {w.q_codes,  w.k_codes,  w.v_codes,   w.q_scales,
+                                       w.k_scales, w.v_scales, w.v_fold_ref};
+    const size_t need[] = {size_t(T * Hq * D), size_t(T * Hkv * D), size_t(T * Hkv * D), size_t(T * Hq),
+                           size_t(T * Hkv),    size_t(T * Hkv),     size_t(T * Hkv)};
+    size_t end = 0;
+    for (size_t i = 0; i < std::size(regions); ++i) {
+      EXPECT_EQ(regions[i].offset % kWorkspaceAlignment, 0u) << i;
+      EXPECT_GE(regions[i].bytes, need[i]) << i;
+      EXPECT_GE(regions[i].offset, end) << i << ": regions must not overlap";
+      end = regions[i].offset + regions[i].bytes;
+    }
+    EXPECT_LE(end, w.total);
+
+    // The size query returns the same layout.
+    flamia_tensor q = packed(0x10000, T, Hq, D), k = packed(0x20000, T, Hkv, D), v = packed(0x30000, T, Hkv, D);
+    size_t bytes = 0;
+    flamia_error err;
+    ASSERT_EQ(flamia_forward_workspace_size(&q, &k, &v, &bytes, &err), FLAMIA_SUCCESS) << err.message;
+    EXPECT_STREQ(err.message, "");
+    EXPECT_EQ(bytes, w.total);
+    // The data pointers do not matter to the size query.
+    q.data = k.data = v.data = nullptr;
+    size_t bytes2 = 0;
+    EXPECT_EQ(flamia_forward_workspace_size(&q, &k, &v, &bytes2, nullptr), FLAMIA_SUCCESS);
+    EXPECT_EQ(bytes2, bytes);
+  }
+}
+
+TEST(CapiValidation, WorkspaceSizeQueryErrors) {
+  Call c;
+  size_t bytes = 0;
+  flamia_error err;
+  EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, nullptr, &err), kInvalid);
+  EXPECT_NE(std::string(err.message).find("bytes"), std::string::npos);
+  EXPECT_EQ(flamia_forward_workspace_size(nullptr, &c.k, &c.v, &bytes, &err), kInvalid);
+  EXPECT_NE(std::string(err.message).find("q is NULL"), std::string::npos);
+  c.q.dtype = FLAMIA_DTYPE_FP32;
+  EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, &bytes, &err), kInvalid);
+  EXPECT_NE(std::string(err.message).find("q.dtype"), std::string::npos);
+  Call g;
+  g.k = packed(0x20000, Call::T, 3, Call::D);
+  g.v = packed(0x30000, Call::T, 3, Call::D);
+  EXPECT_EQ(flamia_forward_workspace_size(&g.q, &g.k, &g.v, &bytes, &err), kInvalid);
+  EXPECT_NE(std::string(err.message).find("k.heads"), std::string::npos);
+  Call d;
+  d.q.dim = d.k.dim = d.v.dim = 96;
+  EXPECT_EQ(flamia_forward_workspace_size(&d.q, &d.k, &d.v, &bytes, &err), kNotSupported);
+  EXPECT_NE(std::string(err.message).find("head_dim"), std::string::npos);
+}
+
+TEST(CapiValidation, WorkspaceCheck) {
+  const ForwardWorkspace w = forward_workspace_layout(14, 4, 2, 64);
+  EXPECT_TRUE(check_workspace(w, fake_pointer(0x100000), w.total).ok());
+  EXPECT_TRUE(check_workspace(w, fake_pointer(0x100000), w.total + 1000).ok());
+  EXPECT_TRUE(Fails(check_workspace(w, nullptr, w.total), FLAMIA_ERROR_WORKSPACE, "workspace is NULL"));
+  EXPECT_TRUE(Fails(check_workspace(w, fake_pointer(0x100000), w.total - 1), FLAMIA_ERROR_WORKSPACE, "workspace_bytes"));
+  EXPECT_TRUE(Fails(check_workspace(w, fake_pointer(0x100080), w.total), FLAMIA_ERROR_WORKSPACE, "256-byte"));
+}
+
+TEST(CapiValidation, ReportTruncatesAndTerminates) {
+  flamia_error err;
+  std::memset(err.message, 'x', sizeof err.message);
+  const CallError long_error{kInvalid, std::string(2000, 'a')};
+  EXPECT_EQ(report(long_error, &err), kInvalid);
+  EXPECT_EQ(std::strlen(err.message), sizeof err.message - 1);
+  EXPECT_EQ(report(CallError::success(), &err), FLAMIA_SUCCESS);
+  EXPECT_STREQ(err.message, "");
+  EXPECT_EQ(report(long_error, nullptr), kInvalid);  // no error struct: status only
+}
+
+}  // namespace
+}  // namespace flamia::capi

@@ -1,0 +1,158 @@
+// GPU forward vs the CPU emulation (the spec), the FP64 reference (the accuracy bars) and the
+// isolation contract. Tolerances against the emulation: the GPU accumulates in FP32 (FP8 MMA) and
+// uses exp2f, so p can land on the other side of an E4M3 rounding boundary now and then; that moves
+// single P codes by one step (2^-4 relative) and O by far less.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <tuple>
+
+#include "analysis/metrics.h"
+#include "analysis/probe.h"
+#include "forward_harness.h"
+#include "reference/attention_fp64.h"
+#include "reference/mxfp8_route.h"
+
+namespace flamia::gpu_test {
+namespace {
+
+using analysis::compare;
+
+constexpr double kMinCosineVsEmulation = 0.99999;
+constexpr double kMaxRelL2VsEmulation = 5e-3;
+constexpr double kMaxLseDiffVsEmulation = 2e-3;
+
+const std::vector<int> kAwkwardLengths = {1, 31, 32, 33, 127, 129, 1000, 4097};
+
+struct Case {
+  int q_heads, kv_heads, dim;
+  bool causal;
+  int config;  // index into analysis::default_numerics_configs() (rowcol U only: the forward ignores U)
+};
+
+class ForwardVsEmulation : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ForwardVsEmulation, MatchesTheEmulationAndMeetsTheBars) {
+  FLAMIA_REQUIRE_GPU();
+  const Case c = GetParam();
+  const NumericsOptions opt = analysis::default_numerics_configs()[c.config];
+  if (!c.causal && opt.isolation == Isolation::kPrefix) GTEST_SKIP() << "prefix isolation needs causal";
+  const auto in = analysis::random_inputs({kAwkwardLengths, c.q_heads, c.kv_heads, c.dim}, 1234 + c.config);
+  const reference::AttentionShape shape{.causal = c.causal};
+
+  ForwardCall call(in, opt, c.causal);
+  const auto gpu = call.run();
+  const auto qin = reference::quantize_inputs(in.q, in.k, in.v, in.docs, opt);
+  const auto emu = reference::mxfp8_forward(qin, in.docs, shape, opt);
+  const auto exact = reference::reference_forward(in.q, in.k, in.v, in.docs, shape);
+
+  const auto o_emu = compare(gpu.o.data, emu.o.data), lse_emu = compare(gpu.lse.data, emu.lse.data);
+  const auto o_ref = compare(gpu.o.data, exact.o.data);
+  RecordProperty("cos_o_vs_emulation", std::to_string(o_emu.cosine));
+  RecordProperty("cos_o_vs_fp64", std::to_string(o_ref.cosine));
+  EXPECT_GE(o_emu.cosine, kMinCosineVsEmulation);
+  EXPECT_LE(o_emu.rel_l2, kMaxRelL2VsEmulation);
+  EXPECT_LE(lse_emu.max_abs, kMaxLseDiffVsEmulation);
+  EXPECT_GE(o_ref.cosine, 0.998);  // DESIGN.md §4 bar
+  for (double x : gpu.o.data) ASSERT_TRUE(std::isfinite(x)) << "every output element is written and finite";
+}
+
+std::vector<Case> forward_cases() {
+  std::vector<Case> cases;
+  for (int config = 0; config < 4; ++config) cases.push_back({16, 4, 128, true, config});  // GQA 16/4
+  cases.push_back({16, 1, 128, true, 0});   // MQA
+  cases.push_back({4, 4, 64, true, 0});     // MHA, D = 64
+  cases.push_back({4, 2, 64, true, 3});     // prefix, D = 64
+  cases.push_back({8, 2, 128, false, 0});   // non-causal
+  cases.push_back({8, 2, 64, false, 2});    // non-causal, floor
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, ForwardVsEmulation, ::testing::ValuesIn(forward_cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           const Case& c = i.param;
+                           return "H" + std::to_string(c.q_heads) + "x" + std::to_string(c.kv_heads) + "_D" +
+                                  std::to_string(c.dim) + (c.causal ? "_causal" : "_full") + "_cfg" +
+                                  std::to_string(c.config);
+                         });
+
+// The isolation probe on the GPU: O and LSE (dQ arrives with the backward).
+TEST(ForwardProbe, PrefixModeAndOtherDocumentsAreBitwiseStable) {
+  FLAMIA_REQUIRE_GPU();
+  for (int kv_heads : {2, 1}) {
+    analysis::ProbeOptions o;
+    o.kv_heads = kv_heads;
+    const auto cases = analysis::run_probe(o, {}, [](const analysis::AttentionInputs& in, const NumericsOptions& opt) {
+      return ForwardCall(in, opt, true).run();
+    });
+    std::string why;
+    EXPECT_TRUE(analysis::probe_passes(cases, &why)) << why;
+    for (const auto& c : cases) {
+      RecordProperty(std::string(to_string(c.mode)) + "_" + c.control + "_" + c.tensor, std::to_string(c.max_abs_change));
+      if (c.mode == Isolation::kPrefix || c.control == "other_document") EXPECT_TRUE(c.bitwise_equal) << c.tensor;
+    }
+  }
+}
+
+TEST(Forward, IsDeterministicAndReplaysIdenticallyFromACudaGraph) {
+  FLAMIA_REQUIRE_GPU();
+  const auto in = analysis::random_inputs({{300, 77, 1000}, 8, 2, 128}, 5);
+  ForwardCall call(in, NumericsOptions{}, true);
+  const auto first = call.run();
+  const auto second = call.run();
+  EXPECT_EQ(0, std::memcmp(first.o.data.data(), second.o.data.data(), first.o.data.size() * sizeof(double)));
+
+  cudaStream_t stream;
+  FLAMIA_CUDA_CHECK(cudaStreamCreate(&stream));
+  FLAMIA_CUDA_CHECK(cudaMemset(call.o.buffer.get(), 0xFF, call.o.buffer.bytes()));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  flamia_error err{};
+  FLAMIA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  ASSERT_EQ(call.launch(stream, &err), FLAMIA_SUCCESS) << err.message;
+  FLAMIA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  FLAMIA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 3; ++rep) FLAMIA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  FLAMIA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const auto replay = download_bf16(call.o);
+  EXPECT_EQ(0, std::memcmp(first.o.data.data(), replay.data.data(), first.o.data.size() * sizeof(double)));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(Forward, NonFiniteInputStaysInsideItsScaleGroupAndDocument) {
+  FLAMIA_REQUIRE_GPU();
+  auto in = analysis::random_inputs({{200, 100}, 4, 4, 64}, 9);
+  in.v.at(150, 0, 7) = NAN;  // document 0, position 150: group [128, 160)
+  for (Isolation mode : {Isolation::kDocument, Isolation::kPrefix}) {
+    NumericsOptions opt;
+    opt.isolation = mode;
+    const auto gpu = ForwardCall(in, opt, true).run();
+    const int first_nan = mode == Isolation::kPrefix ? 150 : 128;
+    for (int t = 0; t < 300; ++t) {
+      const bool expect_nan = t >= first_nan && t < 200;
+      EXPECT_EQ(std::isnan(gpu.o.at(t, 0, 0)), expect_nan) << to_string(mode) << " row " << t;
+      EXPECT_FALSE(std::isnan(gpu.o.at(t, 1, 0))) << "head 1 reads another kv head";
+    }
+  }
+}
+
+TEST(Forward, RejectsBadArgumentsWithoutLaunching) {
+  FLAMIA_REQUIRE_GPU();
+  const auto in = analysis::random_inputs({{64}, 4, 4, 128}, 2);
+  ForwardCall call(in, NumericsOptions{}, true);
+  flamia_error err{};
+  EXPECT_EQ(flamia_forward(&call.q.desc, &call.k.desc, &call.v.desc, &call.docs, &call.options, &call.o.desc,
+                           static_cast<float*>(call.lse.get()), call.workspace.get(), call.workspace.bytes() / 2, nullptr,
+                           &err),
+            FLAMIA_ERROR_WORKSPACE);
+  call.q.desc.dim = 96;
+  EXPECT_NE(flamia_forward(&call.q.desc, &call.k.desc, &call.v.desc, &call.docs, &call.options, &call.o.desc,
+                           static_cast<float*>(call.lse.get()), call.workspace.get(), call.workspace.bytes(), nullptr, &err),
+            FLAMIA_SUCCESS);
+  EXPECT_NE(std::string(err.message).find("dim"), std::string::npos) << err.message;
+}
+
+}  // namespace
+}  // namespace flamia::gpu_test
