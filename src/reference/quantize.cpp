@@ -26,14 +26,6 @@ double nan_max_abs(const double* x, int n, double amax) {
 
 }  // namespace
 
-PackedTensor Mxfp8Tensor::dequantize() const {
-  PackedTensor out(tokens, heads, dim);
-  for (int t = 0; t < tokens; ++t)
-    for (int h = 0; h < heads; ++h)
-      for (int f = 0; f < dim; ++f) out.at(t, h, f) = value(t, h, f);
-  return out;
-}
-
 Mxfp8Tensor quantize_mxfp8(const PackedTensor& x, const Documents& docs, ScaleGeometry geometry, ScaleRule rule) {
   if (docs.total_tokens() != x.tokens) {
     throw std::invalid_argument("quantize_mxfp8: cu_seqlens covers " + std::to_string(docs.total_tokens()) +
@@ -72,14 +64,6 @@ double Nvfp4Tensor::value(int t, int h, int f) const {
   const size_t row = size_t(t) * heads + h;
   const double block = formats::decode(formats::kE4M3, block_scales[row * (dim / kBlock) + f / kBlock]);
   return formats::decode(formats::kE2M1, codes[row * dim + f]) * block * double(token_scales[row]);
-}
-
-PackedTensor Nvfp4Tensor::dequantize() const {
-  PackedTensor out(tokens, heads, dim);
-  for (int t = 0; t < tokens; ++t)
-    for (int h = 0; h < heads; ++h)
-      for (int f = 0; f < dim; ++f) out.at(t, h, f) = value(t, h, f);
-  return out;
 }
 
 Nvfp4Tensor quantize_nvfp4(const PackedTensor& x) {

@@ -30,7 +30,6 @@ struct Mxfp8Tensor {
     return formats::ue8m0_is_nan(s) ? double(NAN) : double(formats::ue8m0_exponent(s));
   }
   double value(int t, int h, int f) const { return formats::decode_scaled_e4m3(code(t, h, f), scale(t, h)); }
-  PackedTensor dequantize() const;
 };
 
 Mxfp8Tensor quantize_mxfp8(const PackedTensor& x, const Documents& docs, ScaleGeometry geometry, ScaleRule rule);
@@ -48,7 +47,6 @@ struct Nvfp4Tensor {
   std::vector<float> token_scales;    // [T, H]
 
   double value(int t, int h, int f) const;
-  PackedTensor dequantize() const;
 };
 
 Nvfp4Tensor quantize_nvfp4(const PackedTensor& x);

@@ -1,0 +1,642 @@
+#!/usr/bin/env python3
+"""Forward benchmark of flamia against the attention kernels a user would pick instead.
+
+DESIGN.md section 5: the nine packed causal workloads of bench/workloads.py (T = 65,536 packed
+tokens, Hq = 16, Hkv = 16 or 4 for the GQA row, D = 128, causal, random normal BF16 inputs), each
+implementation timed as the median of --rounds calls after --warmup calls, in one process:
+
+  flamia          flamia.attention, MXFP8, eager (quantization of q, k, v included)
+  flamia-graph    the same call captured once in a CUDA graph and replayed
+  cudnn-sdpa      cuDNN BF16 SDPA through torch, batched [B, H, L, D] (equal lengths only)
+  fa2-varlen      FA2 varlen through torch.nn.attention.varlen.varlen_attn
+  flex            FlexAttention (torch.compile) with a document-causal block mask (built once)
+  jax-cudnn-bf16  cuDNN BF16 through JAX, packed rows (segment offsets) in one call
+  jax-cudnn-fp8   cuDNN FP8 forward through JAX, per-tensor scales, batched (equal lengths only);
+                  its inputs are E4M3 already (their quantization is not timed)
+
+torch implementations are timed with CUDA events on the current stream, JAX ones with the wall
+clock around block_until_ready of one jitted call. TFLOP/s count visible pairs only:
+4 * D * pairs * Hq / time. Every baseline runs in its own try/except: one that cannot run records
+'unsupported: <reason>' and the run goes on. Each output is compared with flamia's (cosine), so a
+baseline computing a different mask shows up.
+
+Usage (repo root, GPU machine, after `pip install --no-build-isolation --no-deps .`, or with
+PYTHONPATH=python FLAMIA_CAPI_LIB=build-gpu/libflamia_capi.so):
+  python3 bench/bench_forward.py [--workloads 16x4096,longtail] [--rounds 20] [--warmup 3]
+                                 [--impls flamia,fa2-varlen] [--json out.json] [--markdown out.md]
+"""
+
+import argparse
+import datetime
+import inspect
+import json
+import math
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import time
+import traceback
+
+# Before anything imports JAX: let it allocate on demand next to torch's caching allocator.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import workloads as W  # noqa: E402
+
+IMPLS = {
+    "flamia": "flamia MXFP8, eager (incl. quantization)",
+    "flamia-graph": "flamia MXFP8, CUDA graph replay",
+    "cudnn-sdpa": "cuDNN BF16 SDPA (torch, batched; equal lengths)",
+    "fa2-varlen": "FA2 varlen (torch.nn.attention.varlen)",
+    "flex": "FlexAttention + document mask (torch.compile)",
+    "jax-cudnn-bf16": "cuDNN BF16 (JAX, packed segment offsets)",
+    "jax-cudnn-fp8": "cuDNN FP8 fwd (JAX, per-tensor scales; equal lengths)",
+}
+FLAMIA_IMPLS = ("flamia", "flamia-graph")
+BF16_BASELINES = ("cudnn-sdpa", "fa2-varlen", "flex", "jax-cudnn-bf16")
+FP8_BASELINE = "jax-cudnn-fp8"
+COSINE_WARN = 0.99  # an output this far from flamia's computes something else
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Unsupported(Exception):
+    """The implementation cannot run this workload (reason in the message)."""
+
+
+def short(exc, limit=300):
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    line = text[0] if text else type(exc).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------------
+# flamia import: the installed package, else the source tree (python/) with a built library.
+
+def import_flamia():
+    try:
+        import flamia
+    except ImportError:
+        sys.path.insert(0, str(REPO / "python"))
+        import flamia
+    from flamia import _capi
+
+    if not os.environ.get(_capi.ENV_LIBRARY) and not _capi.library_path().is_file():
+        for build in ("build-gpu", "build-py", "build"):
+            candidate = REPO / build / _capi.LIBRARY_NAME
+            if candidate.is_file():
+                os.environ[_capi.ENV_LIBRARY] = str(candidate)
+                log(f"bench: using {candidate} ({_capi.ENV_LIBRARY} was not set)")
+                break
+    return flamia
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing.
+
+def time_torch(torch, fn, rounds, warmup):
+    """Median milliseconds of fn() over `rounds` calls, CUDA events on the current stream."""
+    out = None
+    for _ in range(warmup):
+        out = fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    torch.cuda.synchronize()
+    return statistics.median(times), times, out
+
+
+def time_jax(jax, fn, args, rounds, warmup):
+    """Median milliseconds of one jitted call, wall clock around block_until_ready."""
+    out = jax.block_until_ready(fn(*args))  # compiles
+    for _ in range(warmup):
+        out = jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(fn(*args))
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), times, out
+
+
+# ---------------------------------------------------------------------------------------------
+# One workload's shared state.
+
+class Case:
+    def __init__(self, torch, name, workload, seed):
+        self.name = name
+        self.lens = list(workload["lens"])
+        self.hq, self.hkv, self.d = W.Q_HEADS, W.kv_heads(workload), W.HEAD_DIM
+        self.t = W.TOTAL
+        self.max_len = max(self.lens)
+        self.pairs = W.pairs(self.lens)
+        self.flops = W.forward_flops(self.lens, self.hq, self.d)
+        self.scale = 1.0 / math.sqrt(self.d)
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        self.q = torch.randn(self.t, self.hq, self.d, generator=g, device="cuda", dtype=torch.bfloat16)
+        self.k = torch.randn(self.t, self.hkv, self.d, generator=g, device="cuda", dtype=torch.bfloat16)
+        self.v = torch.randn(self.t, self.hkv, self.d, generator=g, device="cuda", dtype=torch.bfloat16)
+        self.cu = torch.tensor(W.cu_seqlens(self.lens), dtype=torch.int32, device="cuda")
+        self.equal = W.equal_lengths(self.lens)
+        self.reference_o = None  # flamia's output, for the cosine check of every baseline
+
+
+# ---------------------------------------------------------------------------------------------
+# Implementations: each returns (fn, to_packed) for torch, or raises Unsupported.
+# to_packed(out) turns the implementation's output into a [T, Hq, D] torch tensor.
+
+def setup_flamia(torch, flamia, case):
+    def fn():
+        return flamia.attention(case.q, case.k, case.v, case.cu, case.max_len, causal=True,
+                                softmax_scale=case.scale)
+    return fn, lambda out: out
+
+
+def setup_flamia_graph(torch, flamia, case):
+    def call():
+        return flamia.attention(case.q, case.k, case.v, case.cu, case.max_len, causal=True,
+                                softmax_scale=case.scale)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_o = call()
+
+    def fn():
+        graph.replay()
+        return static_o
+
+    fn.graph = graph  # keep the graph alive with the closure
+    return fn, lambda out: out
+
+
+def setup_cudnn_sdpa(torch, flamia, case):
+    if not case.equal:
+        raise Unsupported("documents of unequal length: a batched [B, H, L, D] call cannot express them")
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, length = len(case.lens), case.lens[0]
+    q = case.q.view(b, length, case.hq, case.d).transpose(1, 2)
+    k = case.k.view(b, length, case.hkv, case.d).transpose(1, 2)
+    v = case.v.view(b, length, case.hkv, case.d).transpose(1, 2)
+    kwargs = {"is_causal": True, "scale": case.scale}
+
+    def make(q, k, v, extra):
+        def fn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, **kwargs, **extra)
+        return fn
+
+    fn = make(q, k, v, {})
+    if case.hkv != case.hq:
+        try:
+            fn = make(q, k, v, {"enable_gqa": True})
+            fn()
+        except Exception as exc:  # cuDNN through torch may not take enable_gqa: repeat K and V
+            log(f"bench:   cudnn-sdpa: enable_gqa failed ({short(exc)}); repeating K/V heads")
+            group = case.hq // case.hkv
+            fn = make(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), {})
+    return fn, lambda out: out.transpose(1, 2).reshape(case.t, case.hq, case.d)
+
+
+def setup_fa2_varlen(torch, flamia, case):
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError as exc:
+        raise Unsupported(f"torch.nn.attention.varlen is not available ({short(exc)})")
+    params = inspect.signature(varlen_attn).parameters
+    kwargs = {}
+    if "window_size" in params:
+        kwargs["window_size"] = (-1, 0)  # (-1, 0) is its spelling of causal
+    elif "is_causal" in params:
+        kwargs["is_causal"] = True
+    elif "causal" in params:
+        kwargs["causal"] = True
+    else:
+        raise Unsupported(f"varlen_attn{inspect.signature(varlen_attn)} has no causal option")
+    if "scale" in params:
+        kwargs["scale"] = case.scale
+
+    def fn():
+        return varlen_attn(case.q, case.k, case.v, case.cu, case.cu, case.max_len, case.max_len, **kwargs)
+
+    return fn, lambda out: out[0] if isinstance(out, tuple) else out
+
+
+_flex_compiled = None
+
+
+def setup_flex(torch, flamia, case):
+    global _flex_compiled
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if _flex_compiled is None:
+        _flex_compiled = torch.compile(flex_attention, dynamic=False)
+    lens = torch.tensor(case.lens, device="cuda")
+    doc = torch.repeat_interleave(torch.arange(len(case.lens), device="cuda", dtype=torch.int32), lens)
+
+    def document_causal(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+
+    mask_kwargs = {"device": "cuda"}
+    if "_compile" in inspect.signature(create_block_mask).parameters:
+        mask_kwargs["_compile"] = True
+    block_mask = create_block_mask(document_causal, 1, None, case.t, case.t, **mask_kwargs)  # outside timing
+
+    q = case.q.unsqueeze(0).transpose(1, 2)  # [1, H, T, D]
+    k = case.k.unsqueeze(0).transpose(1, 2)
+    v = case.v.unsqueeze(0).transpose(1, 2)
+    kwargs = {"block_mask": block_mask, "scale": case.scale}
+    if case.hkv != case.hq:
+        kwargs["enable_gqa"] = True
+
+    def fn():
+        return _flex_compiled(q, k, v, **kwargs)
+
+    return fn, lambda out: out[0].transpose(0, 1)
+
+
+# ---- JAX ----
+
+_jax_modules = None
+
+
+def import_jax():
+    """(jax, jnp, fused_attention_stablehlo), or Unsupported."""
+    global _jax_modules
+    if _jax_modules is None:
+        try:
+            import jax
+            import jax.numpy as jnp
+            from jax._src.cudnn import fused_attention_stablehlo as fas
+        except Exception as exc:
+            raise Unsupported(f"JAX with cuDNN attention is not importable ({short(exc)})")
+        try:
+            gpus = jax.devices("gpu")
+        except Exception as exc:
+            raise Unsupported(f"JAX has no GPU backend ({short(exc)})")
+        if not gpus:
+            raise Unsupported("JAX sees no GPU")
+        _jax_modules = (jax, jnp, fas)
+    return _jax_modules
+
+
+def torch_to_jax(torch, jax, jnp, t):
+    """A BF16 torch CUDA tensor as a JAX array on the GPU (zero-copy through DLPack when possible)."""
+    torch.cuda.synchronize()
+    try:
+        return jax.dlpack.from_dlpack(t.contiguous())
+    except Exception:
+        return jax.device_put(jnp.asarray(t.float().cpu().numpy()).astype(jnp.bfloat16), jax.devices("gpu")[0])
+
+
+def jax_to_torch(torch, jax, x):
+    jax.block_until_ready(x)
+    try:
+        return torch.from_dlpack(x)
+    except Exception:
+        import numpy as np
+        return torch.from_numpy(np.asarray(x.astype("float32"))).cuda()
+
+
+def setup_jax_cudnn_bf16(torch, flamia, case):
+    jax, jnp, fas = import_jax()
+    q = torch_to_jax(torch, jax, jnp, case.q)[None]  # [1, T, H, D]: BTNH
+    k = torch_to_jax(torch, jax, jnp, case.k)[None]
+    v = torch_to_jax(torch, jax, jnp, case.v)[None]
+    note = ""
+    if len(case.lens) == 1:
+        def f(q, k, v):
+            return fas.dot_product_attention(q, k, v, scale=case.scale, mask_type=fas.MaskType.CAUSAL,
+                                             qkv_layout="BTNH")
+        jf, args = jax.jit(f), (q, k, v)
+        jax.block_until_ready(jf(*args))
+        note = "one document: plain causal"
+    else:
+        params = inspect.signature(fas.dot_product_attention).parameters
+        if "q_offsets" not in params:
+            raise Unsupported(f"fused_attention_stablehlo.dot_product_attention has no q_offsets "
+                              f"(signature {inspect.signature(fas.dot_product_attention)})")
+        # One packed row with N segments: offsets [1, N + 1] (the cu_seqlens), lengths [1, N].
+        offsets = jnp.asarray([W.cu_seqlens(case.lens)], dtype=jnp.int32)
+        seqlens = jnp.asarray([case.lens], dtype=jnp.int32)
+        jf = None
+        errors = []
+        for mask_name in ("PADDING_CAUSAL", "CAUSAL"):
+            mask_type = getattr(fas.MaskType, mask_name)
+
+            def f(q, k, v, seqlens, offsets, mask_type=mask_type):
+                return fas.dot_product_attention(q, k, v, q_seqlen=seqlens, kv_seqlen=seqlens, q_offsets=offsets,
+                                                 kv_offsets=offsets, scale=case.scale, mask_type=mask_type,
+                                                 qkv_layout="BTNH")
+            try:
+                candidate = jax.jit(f)
+                jax.block_until_ready(candidate(q, k, v, seqlens, offsets))
+            except Exception as exc:
+                errors.append(f"{mask_name}: {short(exc, 200)}")
+                continue
+            jf, note = candidate, f"packed segment offsets, mask {mask_name}"
+            break
+        if jf is None:
+            raise Unsupported("; ".join(errors))
+        args = (q, k, v, seqlens, offsets)
+    return jf, args, lambda out: jax_to_torch(torch, jax, out)[0], note
+
+
+def setup_jax_cudnn_fp8(torch, flamia, case):
+    if not case.equal:
+        raise Unsupported("documents of unequal length: the FP8 path takes no q_seqlen/kv_seqlen/offsets")
+    jax, jnp, fas = import_jax()
+    params = inspect.signature(fas.dot_product_attention).parameters
+    if "use_fp8" not in params or "fp8_params" not in params:
+        raise Unsupported(f"no use_fp8/fp8_params in dot_product_attention{inspect.signature(fas.dot_product_attention)}")
+    b, length = len(case.lens), case.lens[0]
+
+    def fp8(t, heads):
+        # Random normal values lie well inside E4M3's range: scale 1, descale 1 (per tensor).
+        x = torch_to_jax(torch, jax, jnp, t).reshape(b, length, heads, case.d)
+        return x.astype(jnp.float8_e4m3fn)
+
+    q, k, v = fp8(case.q, case.hq), fp8(case.k, case.hkv), fp8(case.v, case.hkv)
+    keys = getattr(fas, "fp8_params_keys", None) or list(getattr(fas.FP8Params, "__annotations__", {}))
+    if not keys:
+        raise Unsupported("cannot find the FP8 parameter names (fp8_params_keys / FP8Params)")
+    fp8_params = {name: jnp.ones((1, 1, 1, 1), dtype=jnp.float32) for name in keys}
+    # P in [0, 1] is stored as E4M3 scaled by scale_s (unscaled, most of a long row's probabilities
+    # would flush to zero); the output is descaled by descale_s. Powers of two, exact.
+    if "scale_s" in fp8_params and "descale_s" in fp8_params:
+        fp8_params["scale_s"] = jnp.full((1, 1, 1, 1), 256.0, dtype=jnp.float32)
+        fp8_params["descale_s"] = jnp.full((1, 1, 1, 1), 1.0 / 256.0, dtype=jnp.float32)
+
+    def f(q, k, v, fp8_params):
+        out = fas.dot_product_attention(q, k, v, fp8_params=fp8_params, scale=case.scale,
+                                        mask_type=fas.MaskType.CAUSAL, qkv_layout="BTNH", use_fp8=True)
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+    jf = jax.jit(f)
+    jax.block_until_ready(jf(q, k, v, fp8_params))
+
+    def to_packed(out):
+        return jax_to_torch(torch, jax, out.astype(jnp.bfloat16)).reshape(case.t, case.hq, case.d)
+
+    return jf, (q, k, v, fp8_params), to_packed, "inputs pre-quantized to E4M3 (not timed); scale_s 256"
+
+
+TORCH_SETUPS = {
+    "flamia": setup_flamia,
+    "flamia-graph": setup_flamia_graph,
+    "cudnn-sdpa": setup_cudnn_sdpa,
+    "fa2-varlen": setup_fa2_varlen,
+    "flex": setup_flex,
+}
+JAX_SETUPS = {
+    "jax-cudnn-bf16": setup_jax_cudnn_bf16,
+    "jax-cudnn-fp8": setup_jax_cudnn_fp8,
+}
+
+
+def cosine(torch, a, b):
+    a, b = a.float().flatten(), b.float().flatten()
+    return float((a @ b) / (a.norm() * b.norm()).clamp_min(1e-30))
+
+
+def run_impl(torch, flamia, case, impl, args):
+    """One implementation on one workload: a result dict (never raises)."""
+    result = {"status": "ok"}
+    try:
+        if impl in TORCH_SETUPS:
+            fn, to_packed = TORCH_SETUPS[impl](torch, flamia, case)
+            ms, times, out = time_torch(torch, fn, args.rounds, args.warmup)
+            note = ""
+        else:
+            torch.cuda.synchronize()
+            jf, jargs, to_packed, note = JAX_SETUPS[impl](torch, flamia, case)
+            import jax
+            ms, times, out = time_jax(jax, jf, jargs, args.rounds, args.warmup)
+        result.update(ms=ms, tflops=case.flops / (ms * 1e-3) / 1e12, times_ms=[round(t, 4) for t in times])
+        if note:
+            result["note"] = note
+        if not args.no_check:
+            try:
+                packed = to_packed(out)
+                if impl == "flamia":
+                    case.reference_o = packed.clone()
+                elif case.reference_o is not None:
+                    result["cos_vs_flamia"] = cosine(torch, packed, case.reference_o)
+                    if result["cos_vs_flamia"] < COSINE_WARN:
+                        result["warning"] = f"output differs from flamia's (cosine {result['cos_vs_flamia']:.4f})"
+            except Exception as exc:
+                result["check_error"] = short(exc)
+        del out
+    except Unsupported as exc:
+        result = {"status": f"unsupported: {exc}"}
+    except Exception as exc:
+        kind = "error" if impl in FLAMIA_IMPLS else "unsupported"
+        result = {"status": f"{kind}: {short(exc)}"}
+        if args.verbose:
+            traceback.print_exc()
+    finally:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Report.
+
+def summarize(row):
+    impls = row["impls"]
+
+    def tflops(name):
+        r = impls.get(name, {})
+        return r.get("tflops") if r.get("status") == "ok" else None
+
+    flamia_tf = tflops("flamia")
+    best_name, best_tf = None, None
+    for name in BF16_BASELINES:
+        tf = tflops(name)
+        if impls.get(name, {}).get("warning"):
+            continue  # its output is not this attention: no fair comparison
+        if tf is not None and (best_tf is None or tf > best_tf):
+            best_name, best_tf = name, tf
+    row["best_bf16"] = best_name
+    row["ratio_vs_best_bf16"] = flamia_tf / best_tf if flamia_tf and best_tf else None
+    fp8_tf = tflops(FP8_BASELINE)
+    row["ratio_vs_cudnn_fp8"] = flamia_tf / fp8_tf if flamia_tf and fp8_tf else None
+
+
+def markdown(meta, rows, impls):
+    lines = [
+        "# flamia forward benchmark",
+        "",
+        f"{meta['gpu']}; torch {meta['torch']}; jax {meta.get('jax', 'n/a')}; cuDNN (torch) {meta['cudnn_torch']}; "
+        f"{meta['date']}",
+        "",
+        f"T = {W.TOTAL} packed tokens, Hq = {W.Q_HEADS}, D = {W.HEAD_DIM}, causal, BF16 in/out; median of "
+        f"{meta['rounds']} rounds after {meta['warmup']} warm-up calls. Cells: ms / TFLOP/s "
+        "(visible pairs: 4 * D * pairs * Hq). Ratios are flamia's (eager) TFLOP/s over the best BF16 "
+        "baseline's and over cuDNN FP8's.",
+        "",
+    ]
+    header = ["workload", "docs"] + list(impls) + ["flamia / best BF16", "flamia / cuDNN FP8"]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "|".join(["---"] * len(header)) + "|")
+    notes = []
+    for row in rows:
+        cells = [row["workload"], str(row["docs"])]
+        for impl in impls:
+            r = row["impls"].get(impl)
+            if r is None:
+                cells.append("-")
+            elif r["status"] == "ok":
+                cell = f"{r['ms']:.3f} / {r['tflops']:.0f}"
+                if r.get("warning"):
+                    cell += " (!)"
+                    notes.append(f"{row['workload']} / {impl}: {r['warning']}")
+                cells.append(cell)
+            else:
+                cells.append("n/a")
+                notes.append(f"{row['workload']} / {impl}: {r['status']}")
+        best = row.get("ratio_vs_best_bf16")
+        cells.append(f"{best:.2f} ({row['best_bf16']})" if best else "-")
+        fp8 = row.get("ratio_vs_cudnn_fp8")
+        cells.append(f"{fp8:.2f}" if fp8 else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Implementations: " + "; ".join(f"`{k}` = {IMPLS[k]}" for k in impls) + ".")
+    if notes:
+        lines.append("")
+        lines.append("Notes:")
+        lines.extend(f"- {n}" for n in notes)
+    return "\n".join(lines) + "\n"
+
+
+def environment(torch):
+    meta = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda_torch": torch.version.cuda,
+        "cudnn_torch": torch.backends.cudnn.version(),
+        "gpu": torch.cuda.get_device_name(),
+        "capability": ".".join(map(str, torch.cuda.get_device_capability())),
+    }
+    try:
+        import jax
+        meta["jax"] = jax.__version__
+    except Exception as exc:
+        meta["jax"] = f"unavailable ({short(exc, 100)})"
+    return meta
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Workloads: " + ", ".join(W.WORKLOADS) + "\nImplementations: " +
+                                ", ".join(IMPLS))
+    p.add_argument("--workloads", default="all",
+                   help="comma-separated workload names (default: all nine)")
+    p.add_argument("--impls", default="all", help="comma-separated implementations (default: all)")
+    p.add_argument("--rounds", type=int, default=20, help="timed calls per implementation (median; default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--markdown", metavar="PATH", help="write the table as markdown")
+    p.add_argument("--no-check", action="store_true", help="skip the cosine check against flamia's output")
+    p.add_argument("--verbose", action="store_true", help="print tracebacks of failing implementations")
+    args = p.parse_args(argv)
+    if args.rounds < 1 or args.warmup < 0:
+        p.error("--rounds must be >= 1 and --warmup >= 0")
+
+    def pick(text, known, what):
+        if text == "all":
+            return list(known)
+        chosen = [s.strip() for s in text.split(",") if s.strip()]
+        unknown = [s for s in chosen if s not in known]
+        if unknown:
+            p.error(f"unknown {what}: {', '.join(unknown)} (known: {', '.join(known)})")
+        return chosen
+
+    args.workload_names = pick(args.workloads, W.WORKLOADS, "workloads")
+    args.impl_names = pick(args.impls, IMPLS, "implementations")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        log("bench: no CUDA device")
+        return 2
+    flamia = import_flamia()
+    meta = environment(torch)
+    meta.update(rounds=args.rounds, warmup=args.warmup, seed=args.seed, tokens=W.TOTAL, q_heads=W.Q_HEADS,
+                head_dim=W.HEAD_DIM, implementations={k: IMPLS[k] for k in args.impl_names})
+    log(f"bench: {meta['gpu']} (sm_{meta['capability']}), torch {meta['torch']}, jax {meta['jax']}")
+
+    # flamia first (its output is the reference of the cosine checks), then the others.
+    order = [i for i in IMPLS if i in args.impl_names]
+    if not args.no_check and "flamia" not in order:
+        order.insert(0, "flamia")  # computed for the check, reported only if asked for
+    rows = []
+    for name in args.workload_names:
+        workload = W.WORKLOADS[name]
+        case = Case(torch, name, workload, args.seed)
+        log(f"bench: {name}: {len(case.lens)} docs, max {case.max_len}, Hkv {case.hkv}, "
+            f"pairs {case.pairs:,}, {case.flops / 1e12:.2f} TFLOP")
+        row = {"workload": name, "docs": len(case.lens), "max_len": case.max_len, "pairs": case.pairs,
+               "q_heads": case.hq, "kv_heads": case.hkv, "head_dim": case.d, "flops": case.flops, "impls": {}}
+        for impl in order:
+            t0 = time.perf_counter()
+            r = run_impl(torch, flamia, case, impl, args)
+            if impl in args.impl_names:
+                row["impls"][impl] = r
+            if r["status"] == "ok":
+                extra = f", cos vs flamia {r['cos_vs_flamia']:.4f}" if "cos_vs_flamia" in r else ""
+                log(f"bench:   {impl:15s} {r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s{extra} "
+                    f"({time.perf_counter() - t0:.1f} s)")
+            else:
+                log(f"bench:   {impl:15s} {r['status']}")
+        summarize(row)
+        rows.append(row)
+        del case
+        torch.cuda.empty_cache()
+
+    impls = [i for i in IMPLS if i in args.impl_names]
+    table = markdown(meta, rows, impls)
+    print(table)
+    if args.json:
+        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.json).write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
+        log(f"bench: wrote {args.json}")
+    if args.markdown:
+        pathlib.Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.markdown).write_text(table)
+        log(f"bench: wrote {args.markdown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""ctypes bindings to libflamia_capi.so, the C API of include/flamia/flamia.h.
+
+Nothing here imports torch: the structures mirror the C structs field by field (same order, same
+C types, so ctypes lays them out exactly as the C compiler does), and every pointer is passed as
+a raw address (an int), which is what torch's ``data_ptr()`` returns.
+
+The library is found at ``$FLAMIA_CAPI_LIB`` (a path to the .so) when it is set, else next to this
+module (where ``pip install .`` puts it; an editable install's copy is found through sys.path). It is loaded on first use, so importing the package
+works on machines without the library (for example to trace with fake tensors).
+"""
+
+import ctypes
+import os
+import pathlib
+import sys
+import threading
+
+__all__ = [
+    "FlamiaError",
+    "Tensor",
+    "Documents",
+    "Options",
+    "Error",
+    "library",
+    "library_path",
+    "default_options",
+    "status_name",
+    "tensor",
+    "forward_workspace_size",
+    "forward",
+    "check",
+    "SUCCESS",
+    "ERROR_INVALID_ARGUMENT",
+    "ERROR_NOT_SUPPORTED",
+    "ERROR_WORKSPACE",
+    "ERROR_CUDA",
+    "DTYPE_BF16",
+    "DTYPE_FP16",
+    "DTYPE_FP32",
+    "ISOLATION",
+    "SCALE_GEOMETRY",
+    "SCALE_RULE",
+]
+
+LIBRARY_NAME = "libflamia_capi.so"
+ENV_LIBRARY = "FLAMIA_CAPI_LIB"
+
+# enum flamia_status
+SUCCESS = 0
+ERROR_INVALID_ARGUMENT = 1
+ERROR_NOT_SUPPORTED = 2
+ERROR_WORKSPACE = 3
+ERROR_CUDA = 4
+_STATUS_NAMES = {
+    SUCCESS: "FLAMIA_SUCCESS",
+    ERROR_INVALID_ARGUMENT: "FLAMIA_ERROR_INVALID_ARGUMENT",
+    ERROR_NOT_SUPPORTED: "FLAMIA_ERROR_NOT_SUPPORTED",
+    ERROR_WORKSPACE: "FLAMIA_ERROR_WORKSPACE",
+    ERROR_CUDA: "FLAMIA_ERROR_CUDA",
+}
+
+# enum flamia_dtype
+DTYPE_BF16 = 0
+DTYPE_FP16 = 1
+DTYPE_FP32 = 2
+
+# The Python spellings of the option enums (flamia_isolation, flamia_scale_geometry,
+# flamia_scale_rule) and their C values.
+ISOLATION = {"document": 0, "prefix": 1}
+SCALE_GEOMETRY = {"block32": 0, "token": 1}
+SCALE_RULE = {"ceil": 0, "floor": 1}
+
+# A C enum is an int on every ABI flamia supports (validate.cpp static_asserts the same).
+_c_enum = ctypes.c_int
+
+
+class FlamiaError(RuntimeError):
+    """A C API call failed: ``status`` is the flamia_status value, ``message`` the C message
+    (it names the bad argument), ``status_name`` e.g. ``"FLAMIA_ERROR_INVALID_ARGUMENT"``."""
+
+    def __init__(self, status, message):
+        self.status = int(status)
+        self.status_name = _STATUS_NAMES.get(self.status, f"FLAMIA_UNKNOWN_STATUS({self.status})")
+        self.message = str(message)
+        super().__init__(f"{self.status_name}: {self.message}")
+
+    def __reduce__(self):  # picklable (e.g. across multiprocessing)
+        return (type(self), (self.status, self.message))
+
+
+class Tensor(ctypes.Structure):
+    """struct flamia_tensor: a packed [tokens, heads, dim] device tensor, strides in elements."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", _c_enum),  # flamia_dtype
+        ("tokens", ctypes.c_int64),
+        ("heads", ctypes.c_int64),
+        ("dim", ctypes.c_int64),
+        ("stride_token", ctypes.c_int64),
+        ("stride_head", ctypes.c_int64),
+    ]
+
+
+class Documents(ctypes.Structure):
+    """struct flamia_documents: device cu_seqlens (+ optional host copy), num_docs, max_seqlen."""
+
+    _fields_ = [
+        ("cu_seqlens", ctypes.c_void_p),  # const int32_t*, device
+        ("cu_seqlens_host", ctypes.c_void_p),  # const int32_t*, host, may be NULL
+        ("num_docs", ctypes.c_int32),
+        ("max_seqlen", ctypes.c_int32),
+    ]
+
+
+class Options(ctypes.Structure):
+    """struct flamia_options."""
+
+    _fields_ = [
+        ("causal", ctypes.c_int),
+        ("softmax_scale", ctypes.c_float),  # 0 = 1/sqrt(D)
+        ("isolation", _c_enum),  # flamia_isolation
+        ("scale_geometry", _c_enum),  # flamia_scale_geometry
+        ("scale_rule", _c_enum),  # flamia_scale_rule
+        ("p_boost_log2", ctypes.c_int),
+    ]
+
+
+class Error(ctypes.Structure):
+    """struct flamia_error: a caller-owned message buffer."""
+
+    _fields_ = [("message", ctypes.c_char * 512)]
+
+
+# The layout the C compiler gives these structs on x86-64 / aarch64 Linux (LP64).
+assert ctypes.sizeof(Tensor) == 56 and Tensor.tokens.offset == 16 and Tensor.stride_head.offset == 48
+assert ctypes.sizeof(Documents) == 24 and Documents.num_docs.offset == 16 and Documents.max_seqlen.offset == 20
+assert ctypes.sizeof(Options) == 24 and Options.p_boost_log2.offset == 20
+assert ctypes.sizeof(Error) == 512
+
+_lock = threading.Lock()
+_lib = None
+
+
+def _candidates():
+    """Where the library may be, in order: next to this module (a regular install), then every
+    directory of the package's __path__ and every sys.path entry's flamia/ (an editable install
+    keeps the Python sources in the repository and the library in site-packages)."""
+    here = pathlib.Path(__file__).resolve().parent
+    seen, out = set(), []
+    package = sys.modules.get(__package__ or "flamia")
+    dirs = [here] + [pathlib.Path(p) for p in getattr(package, "__path__", [])]
+    dirs += [pathlib.Path(p) / "flamia" for p in sys.path if p]
+    for d in dirs:
+        path = d / LIBRARY_NAME
+        if str(path) not in seen:
+            seen.add(str(path))
+            out.append(path)
+    return out
+
+
+def library_path():
+    """The library to load: $FLAMIA_CAPI_LIB when set, else the first candidate that exists
+    (else the path next to this module, for the error message)."""
+    env = os.environ.get(ENV_LIBRARY)
+    if env:
+        return pathlib.Path(env)
+    candidates = _candidates()
+    for path in candidates:
+        if path.is_file():
+            return path
+    return candidates[0]
+
+
+def _declare(lib):
+    ptr = ctypes.POINTER
+    lib.flamia_default_options.argtypes = [ptr(Options)]
+    lib.flamia_default_options.restype = None
+    lib.flamia_status_name.argtypes = [_c_enum]
+    lib.flamia_status_name.restype = ctypes.c_char_p
+    lib.flamia_forward_workspace_size.argtypes = [
+        ptr(Tensor), ptr(Tensor), ptr(Tensor), ptr(ctypes.c_size_t), ptr(Error)]
+    lib.flamia_forward_workspace_size.restype = _c_enum
+    lib.flamia_forward.argtypes = [
+        ptr(Tensor), ptr(Tensor), ptr(Tensor),  # q, k, v
+        ptr(Documents), ptr(Options),  # docs, options
+        ptr(Tensor), ctypes.c_void_p,  # o, lse (float*)
+        ctypes.c_void_p, ctypes.c_size_t,  # workspace, workspace_bytes
+        ctypes.c_void_p,  # stream (cudaStream_t)
+        ptr(Error),
+    ]
+    lib.flamia_forward.restype = _c_enum
+    return lib
+
+
+def library():
+    """The loaded library (ctypes.CDLL), loading it on first use."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None:
+            path = library_path()
+            if not path.is_file():
+                where = path if os.environ.get(ENV_LIBRARY) else ", ".join(map(str, _candidates()))
+                raise FileNotFoundError(
+                    f"flamia: the C API library {LIBRARY_NAME} was not found (looked at {where}); install "
+                    f"the package (pip install --no-build-isolation --no-deps .) or set {ENV_LIBRARY} to a "
+                    f"built {LIBRARY_NAME} (cmake target flamia_capi)")
+            _lib = _declare(ctypes.CDLL(str(path)))
+    return _lib
+
+
+def check(status, error):
+    """Raise FlamiaError(status, message) unless status is FLAMIA_SUCCESS."""
+    status = int(status)
+    if status != SUCCESS:
+        message = error.message.decode("utf-8", errors="replace") if error is not None else ""
+        raise FlamiaError(status, message or "(no message)")
+
+
+def status_name(status):
+    return library().flamia_status_name(int(status)).decode()
+
+
+def default_options():
+    options = Options()
+    library().flamia_default_options(ctypes.byref(options))
+    return options
+
+
+def tensor(data_ptr, tokens, heads, dim, stride_token, stride_head, dtype=DTYPE_BF16):
+    """A flamia_tensor from a raw device address and extents/strides in elements."""
+    return Tensor(ctypes.c_void_p(int(data_ptr)), int(dtype), int(tokens), int(heads), int(dim),
+                  int(stride_token), int(stride_head))
+
+
+def forward_workspace_size(q, k, v):
+    """Bytes of workspace flamia_forward needs for these shapes (flamia_tensor descriptors)."""
+    nbytes = ctypes.c_size_t(0)
+    error = Error()
+    status = library().flamia_forward_workspace_size(
+        ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(nbytes), ctypes.byref(error))
+    check(status, error)
+    return int(nbytes.value)
+
+
+def forward(q, k, v, docs, options, o, lse_ptr, workspace_ptr, workspace_bytes, stream):
+    """flamia_forward on raw descriptors and addresses; raises FlamiaError on failure."""
+    error = Error()
+    status = library().flamia_forward(
+        ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(docs), ctypes.byref(options),
+        ctypes.byref(o), ctypes.c_void_p(int(lse_ptr)), ctypes.c_void_p(int(workspace_ptr)),
+        ctypes.c_size_t(int(workspace_bytes)), ctypes.c_void_p(int(stream)), ctypes.byref(error))
+    check(status, error)

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The one command for a GPU (sm_90) machine: build with CUDA, run the GPU C++ tests, install the
+# Python package offline, run the PyTorch op tests, and (with --bench) the forward benchmark.
+#
+#   scripts/gpu_check.sh [--bench] [--bench-args "--rounds 10 --workloads 16x4096"]
+#
+# Every step runs even when an earlier one failed (except where it needs the earlier one's
+# output); the exit status is nonzero when any step failed. Benchmark results go to $OUT when it
+# is set, else bench-results/. Environment: PYTHON (default python3), JOBS (default 16),
+# BUILD_DIR (default build-gpu).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+
+PYTHON=${PYTHON:-python3}
+JOBS=${JOBS:-16}
+BUILD_DIR=${BUILD_DIR:-build-gpu}
+RUN_BENCH=0
+BENCH_ARGS=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bench) RUN_BENCH=1 ;;
+    --bench-args) shift; BENCH_ARGS=${1:-} ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown argument $1 (try --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+declare -a STEP_NAMES=()
+declare -a STEP_CODES=()
+declare -a STEP_SECONDS=()
+
+# run_step NAME COMMAND...: runs the command, records its exit code and duration.
+run_step() {
+  local name=$1
+  shift
+  echo
+  echo "==== gpu_check: $name"
+  echo "---- $*"
+  local start=$SECONDS
+  "$@"
+  local code=$?
+  STEP_NAMES+=("$name")
+  STEP_CODES+=("$code")
+  STEP_SECONDS+=("$((SECONDS - start))")
+  if [ "$code" -ne 0 ]; then
+    echo "==== gpu_check: $name FAILED (exit $code)"
+  fi
+  return "$code"
+}
+
+skip_step() {
+  STEP_NAMES+=("$1")
+  STEP_CODES+=("skipped")
+  STEP_SECONDS+=("0")
+  echo
+  echo "==== gpu_check: $1 skipped: $2"
+}
+
+echo "gpu_check: $(date -Iseconds) on $(hostname)"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+command -v nvcc >/dev/null && nvcc --version | tail -1
+"$PYTHON" -c 'import sys; print("python", sys.version.split()[0])'
+
+GENERATOR=()
+command -v ninja >/dev/null && GENERATOR=(-G Ninja)
+
+# The GPU machine is offline and may lack GoogleTest: build it from a carried copy of Debian's
+# sources when one is there (scripts/prepare_gpu_carry.sh puts it in .carry/, name it in carry).
+GTEST_ARGS=()
+[ -d .carry/googletest ] && GTEST_ARGS=(-DFLAMIA_GTEST_SOURCE_DIR="$PWD/.carry/googletest")
+
+configure_ok=0
+run_step "configure" cmake -S . -B "$BUILD_DIR" ${GENERATOR[@]+"${GENERATOR[@]}"} -DCMAKE_BUILD_TYPE=Release -DFLAMIA_CUDA=ON \
+  -DPython3_EXECUTABLE="$(command -v "$PYTHON")" ${GTEST_ARGS[@]+"${GTEST_ARGS[@]}"} && configure_ok=1
+
+build_ok=0
+if [ "$configure_ok" -eq 1 ]; then
+  run_step "build" cmake --build "$BUILD_DIR" -j"$JOBS" && build_ok=1
+else
+  skip_step "build" "configure failed"
+fi
+
+if [ "$build_ok" -eq 1 ]; then
+  run_step "ctest -L gpu" ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure
+else
+  skip_step "ctest -L gpu" "build failed"
+fi
+
+# The package builds its own copy of the library (scikit-build-core, Release, no tests, no CLI).
+install_ok=0
+run_step "pip install" "$PYTHON" -m pip install --no-build-isolation --no-deps -q . && install_ok=1
+
+if [ "$install_ok" -eq 1 ]; then
+  # From the repo root, `import flamia` finds the installed package (python/ is not on the path).
+  run_step "pytest test_torch_op.py" "$PYTHON" -m pytest -q -rs tests/python/test_torch_op.py
+else
+  skip_step "pytest test_torch_op.py" "pip install failed"
+fi
+
+if [ "$RUN_BENCH" -eq 1 ]; then
+  BENCH_DIR=${OUT:-bench-results}
+  mkdir -p "$BENCH_DIR"
+  if [ "$install_ok" -eq 1 ]; then
+    # shellcheck disable=SC2086  # BENCH_ARGS is a list of words on purpose
+    run_step "bench_forward" "$PYTHON" bench/bench_forward.py --json "$BENCH_DIR/bench_forward.json" \
+      --markdown "$BENCH_DIR/bench_forward.md" $BENCH_ARGS
+  else
+    skip_step "bench_forward" "pip install failed"
+  fi
+fi
+
+echo
+echo "==== gpu_check summary"
+failed=0
+for i in "${!STEP_NAMES[@]}"; do
+  code=${STEP_CODES[$i]}
+  if [ "$code" = "skipped" ]; then
+    verdict="SKIPPED"
+    failed=1
+  elif [ "$code" -eq 0 ]; then
+    verdict="ok"
+  else
+    verdict="FAILED (exit $code)"
+    failed=1
+  fi
+  printf '  %-26s %-18s %5ss\n' "${STEP_NAMES[$i]}" "$verdict" "${STEP_SECONDS[$i]}"
+done
+if [ "$RUN_BENCH" -eq 1 ]; then
+  echo "  benchmark results: ${BENCH_DIR}/bench_forward.{json,md}"
+fi
+if [ "$failed" -ne 0 ]; then
+  echo "gpu_check: FAILED"
+  exit 1
+fi
+echo "gpu_check: all steps passed"
+exit 0

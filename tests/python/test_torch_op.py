@@ -1,0 +1,275 @@
+"""The PyTorch op flamia.attention (torch.ops.flamia.attention_forward) on an sm_90 GPU.
+
+Needs torch, a CUDA device of compute capability 9.0 and the installed package
+(pip install --no-build-isolation --no-deps .), or PYTHONPATH=python with FLAMIA_CAPI_LIB pointing
+at a built libflamia_capi.so. Without torch the whole module is skipped (importorskip), and without
+a Hopper GPU every test skips with the reason, so the CPU CTest run (pytest tests/python) is
+unaffected.
+
+The numerics are checked against an FP64 PyTorch reference of causal attention on packed
+documents: cosine of O >= 0.998 (DESIGN.md section 4) and a small LSE difference.
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="flamia's PyTorch op tests need torch")
+
+if not torch.cuda.is_available():
+    pytest.skip("flamia's PyTorch op tests need a CUDA device", allow_module_level=True)
+if torch.cuda.get_device_capability() != (9, 0):
+    pytest.skip(f"flamia's kernels are built for sm_90a only; this GPU is sm_"
+                f"{''.join(map(str, torch.cuda.get_device_capability()))}", allow_module_level=True)
+
+import flamia  # noqa: E402  (after the skips: a GPU machine must have the package)
+from flamia import FlamiaError  # noqa: E402
+
+LENS = [1, 31, 33, 127, 129, 1000]  # unaligned documents, one longer than a tile row
+DEVICE = "cuda"
+MIN_COSINE_O = 0.998
+MAX_LSE_ABS = 0.2  # natural-log units: the logits carry ~2^-5 relative quantization error
+MAX_LSE_MEAN_ABS = 0.02
+
+
+def cu_seqlens_of(lens):
+    offsets = [0]
+    for n in lens:
+        offsets.append(offsets[-1] + n)
+    return torch.tensor(offsets, dtype=torch.int32, device=DEVICE)
+
+
+def make_inputs(lens, hq, hkv, d, seed=0):
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    t = sum(lens)
+    q = torch.randn(t, hq, d, generator=g, device=DEVICE).to(torch.bfloat16)
+    k = torch.randn(t, hkv, d, generator=g, device=DEVICE).to(torch.bfloat16)
+    v = torch.randn(t, hkv, d, generator=g, device=DEVICE).to(torch.bfloat16)
+    return q, k, v, cu_seqlens_of(lens)
+
+
+def reference(q, k, v, lens, causal=True, scale=None):
+    """FP64 attention of each document alone: o [T, Hq, D] and lse [Hq, T]."""
+    t, hq, d = q.shape
+    group = hq // k.shape[1]
+    scale = d ** -0.5 if scale is None else scale
+    o = torch.empty(t, hq, d, dtype=torch.float64, device=q.device)
+    lse = torch.empty(hq, t, dtype=torch.float64, device=q.device)
+    start = 0
+    for n in lens:
+        sl = slice(start, start + n)
+        qd = q[sl].double()
+        kd = k[sl].double().repeat_interleave(group, dim=1)  # query head h reads kv head h // group
+        vd = v[sl].double().repeat_interleave(group, dim=1)
+        s = torch.einsum("qhd,khd->hqk", qd, kd) * scale
+        if causal:
+            mask = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
+            s = s.masked_fill(mask, float("-inf"))
+        lse[:, sl] = torch.logsumexp(s, dim=-1)
+        o[sl] = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vd)
+        start += n
+    return o, lse
+
+
+def cosine(a, b):
+    a, b = a.double().flatten(), b.double().flatten()
+    return float((a @ b) / (a.norm() * b.norm()))
+
+
+def run(q, k, v, cu, lens, **kwargs):
+    return flamia.attention(q, k, v, cu, max(lens), return_lse=True, **kwargs)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("hq,hkv", [(16, 16), (16, 4), (16, 1)], ids=["mha", "gqa16-4", "mqa"])
+def test_matches_fp64_reference(hq, hkv, d):
+    q, k, v, cu = make_inputs(LENS, hq, hkv, d)
+    o, lse = run(q, k, v, cu, LENS)
+    assert o.shape == q.shape and o.dtype == torch.bfloat16 and o.device == q.device
+    assert lse.shape == (hq, q.shape[0]) and lse.dtype == torch.float32
+    ref_o, ref_lse = reference(q, k, v, LENS)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    cos = cosine(o, ref_o)
+    assert cos >= MIN_COSINE_O, f"cosine(o) {cos:.5f} < {MIN_COSINE_O}"
+    diff = (lse.double() - ref_lse).abs()
+    assert diff.max().item() <= MAX_LSE_ABS, f"max |lse diff| {diff.max().item():.4f}"
+    assert diff.mean().item() <= MAX_LSE_MEAN_ABS, f"mean |lse diff| {diff.mean().item():.4f}"
+
+
+def test_explicit_softmax_scale_and_floor_rule():
+    q, k, v, cu = make_inputs(LENS, 8, 2, 128, seed=1)
+    o, lse = run(q, k, v, cu, LENS, softmax_scale=0.05, scale_rule="floor")
+    ref_o, ref_lse = reference(q, k, v, LENS, scale=0.05)
+    assert cosine(o, ref_o) >= MIN_COSINE_O
+    assert (lse.double() - ref_lse).abs().max().item() <= MAX_LSE_ABS
+
+
+def test_prefix_isolation_and_token_scales_run():
+    q, k, v, cu = make_inputs(LENS, 16, 4, 128, seed=2)
+    ref_o, _ = reference(q, k, v, LENS)
+    for kwargs in ({"isolation": "prefix"}, {"scale_geometry": "token"}):
+        o, lse = run(q, k, v, cu, LENS, **kwargs)
+        assert torch.isfinite(o).all() and torch.isfinite(lse).all(), kwargs
+        assert cosine(o, ref_o) >= MIN_COSINE_O, kwargs
+
+
+def test_prefix_isolation_output_ignores_the_future():
+    # Strict mode: o and lse at positions <= i do not change when everything after i changes.
+    lens = [300]
+    q, k, v, cu = make_inputs(lens, 4, 4, 128, seed=3)
+    i = 100
+    q2, k2, v2 = q.clone(), k.clone(), v.clone()
+    for t in (q2, k2, v2):
+        t[i + 1:] = torch.randn_like(t[i + 1:], dtype=torch.float32).to(torch.bfloat16) * 8
+    o1, lse1 = run(q, k, v, cu, lens, isolation="prefix")
+    o2, lse2 = run(q2, k2, v2, cu, lens, isolation="prefix")
+    assert torch.equal(o1[: i + 1], o2[: i + 1])
+    assert torch.equal(lse1[:, : i + 1], lse2[:, : i + 1])
+
+
+def test_strided_inputs_match_contiguous():
+    # q, k, v as views into one packed qkv buffer (token stride 3 * H * D): read in place.
+    lens = LENS
+    t, h, d = sum(lens), 8, 128
+    g = torch.Generator(device=DEVICE).manual_seed(4)
+    qkv = torch.randn(t, 3 * h, d, generator=g, device=DEVICE).to(torch.bfloat16)
+    q, k, v = qkv[:, :h], qkv[:, h:2 * h], qkv[:, 2 * h:]
+    cu = cu_seqlens_of(lens)
+    o_strided, lse_strided = run(q, k, v, cu, lens)
+    o_contig, lse_contig = run(q.contiguous(), k.contiguous(), v.contiguous(), cu, lens)
+    assert torch.equal(o_strided, o_contig)
+    assert torch.equal(lse_strided, lse_contig)
+
+
+def test_documents_are_isolated():
+    # Changing another document leaves this one's outputs bitwise unchanged.
+    q, k, v, cu = make_inputs(LENS, 16, 4, 64, seed=5)
+    o1, lse1 = run(q, k, v, cu, LENS)
+    first_end = LENS[0] + LENS[1] + LENS[2]
+    k2 = k.clone()
+    k2[first_end:] = 0
+    o2, lse2 = run(q, k2, v, cu, LENS)
+    assert torch.equal(o1[:first_end], o2[:first_end])
+    assert torch.equal(lse1[:, :first_end], lse2[:, :first_end])
+
+
+# ---- bad input: clear errors naming the argument ----
+
+def test_wrong_dtype_names_the_argument():
+    q, k, v, cu = make_inputs(LENS, 4, 4, 64)
+    with pytest.raises(TypeError, match=r"\bq\b.*bfloat16"):
+        flamia.attention(q.half(), k, v, cu, max(LENS))
+    with pytest.raises(TypeError, match=r"\bv\b.*bfloat16"):
+        flamia.attention(q, k, v.float(), cu, max(LENS))
+
+
+def test_cpu_tensor_names_the_argument():
+    q, k, v, cu = make_inputs(LENS, 4, 4, 64)
+    with pytest.raises(ValueError, match=r"\bk\b.*CUDA"):
+        flamia.attention(q, k.cpu(), v, cu, max(LENS))
+    with pytest.raises(ValueError, match=r"cu_seqlens.*CUDA"):
+        flamia.attention(q, k, v, cu.cpu(), max(LENS))
+
+
+def test_non_int32_cu_seqlens_names_the_argument():
+    q, k, v, cu = make_inputs(LENS, 4, 4, 64)
+    with pytest.raises(TypeError, match=r"cu_seqlens.*int32"):
+        flamia.attention(q, k, v, cu.long(), max(LENS))
+
+
+def test_bad_option_strings_name_the_argument():
+    q, k, v, cu = make_inputs(LENS, 4, 4, 64)
+    with pytest.raises(ValueError, match=r"isolation.*'strict'"):
+        flamia.attention(q, k, v, cu, max(LENS), isolation="strict")
+    with pytest.raises(ValueError, match=r"scale_geometry"):
+        flamia.attention(q, k, v, cu, max(LENS), scale_geometry="block16")
+    with pytest.raises(ValueError, match=r"scale_rule"):
+        flamia.attention(q, k, v, cu, max(LENS), scale_rule="nearest")
+
+
+def test_shape_errors_name_the_argument():
+    q, k, v, cu = make_inputs(LENS, 6, 4, 64)
+    with pytest.raises(ValueError, match=r"multiple of k heads"):
+        flamia.attention(q, k, v, cu, max(LENS))
+    q, k, v, cu = make_inputs(LENS, 4, 4, 64)
+    with pytest.raises(ValueError, match=r"\bq\b.*3 dimensions"):
+        flamia.attention(q.flatten(1), k, v, cu, max(LENS))
+
+
+def test_c_api_errors_arrive_as_flamia_error():
+    # Head dim 96 is valid but not built: the C API's NOT_SUPPORTED with its message.
+    q, k, v, cu = make_inputs(LENS, 4, 4, 96)
+    with pytest.raises(FlamiaError, match=r"head_dim") as info:
+        flamia.attention(q, k, v, cu, max(LENS))
+    assert info.value.status_name == "FLAMIA_ERROR_NOT_SUPPORTED"
+    # max_seqlen beyond T: INVALID_ARGUMENT naming docs.max_seqlen.
+    q, k, v, cu = make_inputs(LENS, 4, 4, 64)
+    with pytest.raises(FlamiaError, match=r"max_seqlen") as info:
+        flamia.attention(q, k, v, cu, sum(LENS) + 1)
+    assert info.value.status_name == "FLAMIA_ERROR_INVALID_ARGUMENT"
+    # prefix isolation needs the causal mask.
+    with pytest.raises(FlamiaError, match=r"causal"):
+        flamia.attention(q, k, v, cu, max(LENS), causal=False, isolation="prefix")
+
+
+# ---- torch integration: compile, autograd, CUDA graphs ----
+
+def test_opcheck_schema_and_fake():
+    q, k, v, cu = make_inputs(LENS, 8, 2, 64)
+    args = (q, k, v, cu, max(LENS), True, 0.125, "document", "block32", "ceil")
+    torch.library.opcheck(torch.ops.flamia.attention_forward.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    q, k, v, cu = make_inputs(LENS, 16, 4, 128, seed=6)
+    eager_o, eager_lse = run(q, k, v, cu, LENS)
+
+    def f(q, k, v, cu):
+        o, lse = flamia.attention(q, k, v, cu, max(LENS), return_lse=True)
+        return o.float() * 2.0, lse  # something around the op for the graph to hold
+
+    compiled = torch.compile(f, fullgraph=True)
+    o2, lse2 = compiled(q, k, v, cu)
+    assert torch.equal(o2, eager_o.float() * 2.0)
+    assert torch.equal(lse2, eager_lse)
+    plain = torch.compile(flamia.attention, fullgraph=True)
+    assert torch.equal(plain(q, k, v, cu, max(LENS)), eager_o)
+
+
+def test_backward_raises_not_implemented():
+    q, k, v, cu = make_inputs(LENS, 4, 4, 64)
+    q.requires_grad_(True)
+    o = flamia.attention(q, k, v, cu, max(LENS))
+    assert o.requires_grad
+    with pytest.raises(NotImplementedError, match="the MXFP8 backward is not implemented yet"):
+        o.float().sum().backward()
+
+
+def test_cuda_graph_capture_replays_identically():
+    q, k, v, cu = make_inputs(LENS, 16, 4, 128, seed=7)
+    expected = run(q, k, v, cu, LENS)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as torch.cuda.graphs asks
+        for _ in range(2):
+            run(q, k, v, cu, LENS)
+    torch.cuda.current_stream().wait_stream(side)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_o, static_lse = run(q, k, v, cu, LENS)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_o, expected[0])
+    assert torch.equal(static_lse, expected[1])
+
+    # New data in the captured input buffers: the replay computes on it.
+    q2, k2, v2, _ = make_inputs(LENS, 16, 4, 128, seed=8)
+    q.copy_(q2)
+    k.copy_(k2)
+    v.copy_(v2)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected2 = run(q2, k2, v2, cu, LENS)
+    assert torch.equal(static_o, expected2[0])
+    assert torch.equal(static_lse, expected2[1])
