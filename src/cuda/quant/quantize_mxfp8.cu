@@ -159,23 +159,49 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One thread per (document, head), heads fastest so a warp reads neighbouring bytes, scanning the
-// document's tokens in order. UE8M0 bytes order like their exponents and the NaN code 0xFF is the
-// largest byte, so the running byte max is the NaN-propagating running max of the exponents
-// (starting from 0x00, the smallest exponent, which any first token's scale dominates).
+// One CTA per (document, head): an inclusive max-scan over the document's tokens in chunks of
+// kThreads, carrying the running max from chunk to chunk. UE8M0 bytes order like their exponents
+// and the NaN code 0xFF is the largest byte, so the byte max is the NaN-propagating max of the
+// exponents (starting from 0x00, the smallest exponent, which any first token's scale dominates).
 __global__ void __launch_bounds__(kThreads)
     prefix_max_scales_kernel(const uint8_t* __restrict__ scales, int total_tokens, int heads,
                              const int32_t* __restrict__ cu_seqlens, int num_docs, uint8_t* __restrict__ prefix_max) {
   static_assert(formats::kUe8m0NaN == 0xFF, "NaN must be the largest UE8M0 byte");
-  const int64_t n = int64_t(num_docs) * heads;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int doc = int(i / heads), h = int(i % heads);
+  static_assert(kThreads % 32 == 0 && kThreads / 32 <= 32, "one warp scans the warp totals");
+  __shared__ uint32_t warp_total[kThreads / 32];
+  const int h = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int doc = blockIdx.x; doc < num_docs; doc += gridDim.x) {
     const DocSpan d = document_span(cu_seqlens, doc, total_tokens);
-    uint32_t running = 0;
-    for (int p = 0; p < d.length; ++p) {
+    uint32_t carry = 0;
+    for (int p0 = 0; p0 < d.length; p0 += kThreads) {
+      const int p = p0 + int(threadIdx.x);
       const int64_t at = int64_t(d.begin + p) * heads + h;
-      running = max(running, uint32_t(__ldg(scales + at)));
-      prefix_max[at] = uint8_t(running);
+      uint32_t v = p < d.length ? uint32_t(__ldg(scales + at)) : 0u;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {  // inclusive scan within the warp
+        const uint32_t up = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v = max(v, up);
+      }
+      if (lane == 31) warp_total[warp] = v;
+      __syncthreads();
+      if (warp == 0) {  // exclusive scan of the warp totals, in place
+        uint32_t t = lane < kThreads / 32 ? warp_total[lane] : 0u;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const uint32_t up = __shfl_up_sync(0xffffffffu, t, o);
+          if (lane >= o) t = max(t, up);
+        }
+        const uint32_t before = __shfl_up_sync(0xffffffffu, t, 1);
+        if (lane < kThreads / 32) warp_total[lane] = lane == 0 ? 0u : before;
+      }
+      __syncthreads();
+      v = max(max(v, warp_total[warp]), carry);
+      if (p < d.length) prefix_max[at] = uint8_t(v);
+      __syncthreads();  // every thread has read warp_total; the last one now passes the chunk's max on
+      if (threadIdx.x == kThreads - 1) warp_total[0] = v;
+      __syncthreads();
+      carry = warp_total[0];
+      __syncthreads();
     }
   }
 }
@@ -213,11 +239,11 @@ cudaError_t launch_prefix_max_scales(const uint8_t* scales, int total_tokens, in
   if (heads < 1 || total_tokens < 0 || num_docs < 0) return cudaErrorInvalidValue;
   if (total_tokens == 0 || num_docs == 0) return cudaSuccess;
   if (scales == nullptr || cu_seqlens == nullptr || prefix_max == nullptr) return cudaErrorInvalidValue;
-  const int64_t n = int64_t(num_docs) * heads;
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  constexpr int64_t kMaxBlocks = 1 << 20;
-  prefix_max_scales_kernel<<<unsigned(blocks < kMaxBlocks ? blocks : kMaxBlocks), kThreads, 0, stream>>>(
-      scales, total_tokens, heads, cu_seqlens, num_docs, prefix_max);
+  if (heads > kMaxGridY) return cudaErrorInvalidValue;
+  constexpr int kMaxDocBlocks = 1 << 20;  // blocks loop over the remaining documents
+  const dim3 grid(unsigned(num_docs < kMaxDocBlocks ? num_docs : kMaxDocBlocks), unsigned(heads));
+  prefix_max_scales_kernel<<<grid, kThreads, 0, stream>>>(scales, total_tokens, heads, cu_seqlens, num_docs,
+                                                          prefix_max);
   return cudaGetLastError();
 }
 
