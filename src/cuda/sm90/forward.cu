@@ -1,6 +1,7 @@
-// MXFP8 attention forward, first kernel: FP8 mma.sync (m16n8k32 e4m3), one CTA per
+// MXFP8 attention forward on Hopper: FP8 wgmma (m64nNk32 e4m3), one warpgroup CTA per
 // (document, 64-query tile, query head). It implements the emulation's numerics exactly as
-// docs/NUMERICS.md states them; the TMA + wgmma warp-specialized kernel replaces it for speed.
+// docs/NUMERICS.md states them. Not yet pipelined: tiles are staged with plain loads between
+// barriers; TMA, warp specialization and ping-pong softmax are the next steps.
 //
 // Per key tile (128 keys, from the diagonal tile down, as the emulation):
 //   S = (Q codes . K codes) * 2^eq_i * 2^ek_j * scale * log2(e)      scales factored out
@@ -15,6 +16,7 @@
 
 #include "core/tiling.h"
 #include "cuda/sm90/forward.h"
+#include "cuda/sm90/wgmma.cuh"
 #include "formats/scales.h"
 
 namespace flamia::cuda::sm90 {
@@ -42,13 +44,6 @@ __device__ __forceinline__ int scale_exponent(uint8_t code) {
 }
 __device__ __forceinline__ float pow2_of_scale(uint8_t code) { return pow2i(scale_exponent(code)); }
 
-__device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Two floats to two E4M3 codes (round to nearest even, saturating; NaN stays NaN), lo in the low byte.
 __device__ __forceinline__ uint32_t pack_e4m3x2(float lo, float hi) {
   return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
@@ -57,19 +52,37 @@ __device__ __forceinline__ uint32_t pack_e4m3x2(float lo, float hi) {
 // The S accumulator holds, for lane (g, t), keys 8nb + 2t + {0,1} of rows g and g+8. P.V's A operand
 // wants keys 4t..4t+3 and 16+4t..16+4t+3 of each 32-key step. The contraction is a sum, so instead of
 // shuffling P we permute the keys of the step: A position kappa = 16h + 4t' + e holds key
-// 16h + 8(e/2) + 2t' + e%2, and V's B fragment is gathered with the same permutation.
-__device__ __forceinline__ int permuted_key(int kappa) {
+// 16h + 8(e/2) + 2t' + e%2, and V^T is staged in shared memory with the same permutation.
+// (wgmma's register A fragment has mma.sync's m16n8k32 layout, one warp per 16 rows.)
+__host__ __device__ constexpr int permuted_key(int kappa) {
   const int half = kappa >> 4, w = kappa & 15, t = w >> 2, e = w & 3;
   return half * 16 + (e >> 1) * 8 + 2 * t + (e & 1);
 }
 
+// Row-group strides of the core-matrix tiles in shared memory (see wgmma.cuh).
+template <int D>
+struct SharedTiles {
+  static constexpr int kQKStride = 8 * D;         // Q and K: rows = tokens, K = D feature bytes
+  static constexpr int kVtStride = 8 * kKeyTile;  // V^T: rows = features, K = the tile's keys
+  uint8_t q[kQueryRows * D];
+  uint8_t k[kKeyTile * D];
+  uint8_t vt[D * kKeyTile];
+  float k_col[kKeyTile];  // 2^ek_j
+  int v_exp[kKeyTile];    // ev_j
+};
+
+// Inverse of permuted_key within a 32-key step: the A position that holds `key`.
+__host__ __device__ constexpr int kappa_of_key(int key) {
+  const int half = key >> 4, r = key & 15, e = ((r >> 3) << 1) | (r & 1), t = (r & 7) >> 1;
+  return half * 16 + 4 * t + e;
+}
+static_assert(permuted_key(kappa_of_key(13)) == 13 && permuted_key(kappa_of_key(22)) == 22, "inverse permutation");
+
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParams p) {
-  constexpr int kPitch = D + 16;  // smem row pitch: 16 bytes of padding spread rows over banks
-  __shared__ __align__(16) uint8_t k_tile[kKeyTile * kPitch];
-  __shared__ __align__(16) uint8_t v_tile[kKeyTile * kPitch];
-  __shared__ float k_col[kKeyTile];  // 2^ek_j
-  __shared__ int v_exp[kKeyTile];     // ev_j
+  static_assert(kWarps == 4, "one warpgroup: the 64 query rows are one m64 wgmma");
+  __shared__ __align__(128) SharedTiles<D> sm;
+  constexpr int kQKStride = SharedTiles<D>::kQKStride, kVtStride = SharedTiles<D>::kVtStride;
 
   const int doc = blockIdx.y, h = blockIdx.z;
   const int q_tiles = gridDim.x;
@@ -87,8 +100,6 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
   const bool row_valid[2] = {rows[0] < len, rows[1] < len};
   const float scale_log2e = p.softmax_scale * 1.4426950408889634f;
 
-  // Q fragments for the whole row block: D/32 k-steps x 4 registers.
-  uint32_t qa[D / 32][4];
   float q_factor[2], out_factor[2];
   int fold_bias[2];  // boost - rho_i: the P operand is p * 2^(ev_j + fold_bias), never above 2^boost
   for (int r = 0; r < 2; ++r) {
@@ -101,60 +112,63 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
     fold_bias[r] = rho_exp == kNaNExponent ? kNaNExponent : p.p_boost_log2 - rho_exp;
     out_factor[r] = rho_exp == kNaNExponent ? pow2i(kNaNExponent) : pow2i(rho_exp - p.p_boost_log2);
   }
-#pragma unroll
-  for (int ks = 0; ks < D / 32; ++ks) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int r = j & 1, col = ks * 32 + (j >> 1) * 16 + 4 * t;
-      qa[ks][j] = row_valid[r] ? *reinterpret_cast<const uint32_t*>(
-                                     p.q_codes + (size_t(doc_begin + rows[r]) * p.q_heads + h) * D + col)
-                               : 0u;
-    }
+
+  // Stage the CTA's Q rows (zeros past the document end) in the core-matrix layout, once.
+  constexpr int kChunks = D / 16;
+  for (int c = threadIdx.x; c < kQueryRows * kChunks; c += blockDim.x) {
+    const int row = c % kQueryRows, chunk = c / kQueryRows;  // a warp: 32 rows of one chunk
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (q0 + row < len) v = *reinterpret_cast<const uint4*>(p.q_codes + (size_t(doc_begin + q0 + row) * p.q_heads + h) * D + chunk * 16);
+    *reinterpret_cast<uint4*>(sm.q + core_matrix_offset(row, chunk * 16, kQKStride)) = v;
   }
 
-  float o_acc[D / 8][4];
+  float o_acc[D / 2];  // the m64nD accumulator: [n8 block][4] flattened
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.f;
+  for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
   const int last_row = min(q0 + kQueryRows, len) - 1;
   const int last_key = p.causal ? last_row : len - 1;
   for (int kt = last_key / kKeyTile; kt >= 0; --kt) {
     const int k0 = kt * kKeyTile;
-    __syncthreads();  // the previous tile's readers are done
-    // Stage K and V codes (16-byte loads, zeros past the document end) and their column scales.
-    constexpr int kChunks = D / 16;
+    __syncthreads();  // the previous tile's readers (and wgmmas, waited for below) are done
+    // K codes as they are (rows = keys); V codes transposed to rows = features with the keys of
+    // each 32-key step in the P operand's permuted order (P.V's B operand is K-major: keys).
+    // A warp takes 32 keys of one 16-feature chunk, so its byte stores into V^T spread over the
+    // banks of one 32-key step instead of piling onto one bank per feature group.
     for (int c = threadIdx.x; c < kKeyTile * kChunks; c += blockDim.x) {
-      const int key = c / kChunks, chunk = c % kChunks;
+      const int key = c % kKeyTile, chunk = c / kKeyTile;
       uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
       if (k0 + key < len) {
         const size_t off = (size_t(doc_begin + k0 + key) * p.kv_heads + kvh) * D + chunk * 16;
         kv = *reinterpret_cast<const uint4*>(p.k_codes + off);
         vv = *reinterpret_cast<const uint4*>(p.v_codes + off);
       }
-      *reinterpret_cast<uint4*>(k_tile + key * kPitch + chunk * 16) = kv;
-      *reinterpret_cast<uint4*>(v_tile + key * kPitch + chunk * 16) = vv;
+      *reinterpret_cast<uint4*>(sm.k + core_matrix_offset(key, chunk * 16, kQKStride)) = kv;
+      const int kappa = (key & ~31) + kappa_of_key(key & 31);
+      const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&vv);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) sm.vt[core_matrix_offset(chunk * 16 + j, kappa, kVtStride)] = bytes[j];
     }
     for (int key = threadIdx.x; key < kKeyTile; key += blockDim.x) {
       const bool in_doc = k0 + key < len;
       const size_t s = size_t(doc_begin + (in_doc ? k0 + key : 0)) * p.kv_heads + kvh;
-      k_col[key] = in_doc ? pow2_of_scale(p.k_scales[s]) : 0.f;
-      v_exp[key] = in_doc ? scale_exponent(p.v_scales[s]) : 0;
+      sm.k_col[key] = in_doc ? pow2_of_scale(p.k_scales[s]) : 0.f;
+      sm.v_exp[key] = in_doc ? scale_exponent(p.v_scales[s]) : 0;
     }
+    fence_smem_for_async_proxy();
     __syncthreads();
 
-    // S = Q . K^T for this warp's 16 rows and the tile's 128 keys.
-    float s[kKeyBlocks][4];
+    // S = Q . K^T: 64 rows x 128 keys, D/32 k-steps on the tensor cores.
+    float s[kKeyTile / 2];
+    wgmma_fence();
 #pragma unroll
-    for (int nb = 0; nb < kKeyBlocks; ++nb) {
-      s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
-      const uint8_t* krow = k_tile + (nb * 8 + g) * kPitch + 4 * t;
-#pragma unroll
-      for (int ks = 0; ks < D / 32; ++ks) {
-        mma_e4m3(s[nb], qa[ks], *reinterpret_cast<const uint32_t*>(krow + ks * 32),
-                 *reinterpret_cast<const uint32_t*>(krow + ks * 32 + 16));
-      }
-    }
+    for (int ks = 0; ks < D / 32; ++ks)
+      wgmma_m64n128k32_ss(s, smem_descriptor(sm.q + ks * 2 * kCoreMatrixBytes, kQKStride),
+                          smem_descriptor(sm.k + ks * 2 * kCoreMatrixBytes, kQKStride), ks > 0);
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_accumulators(s);
 
     // Scales, mask, running max (visible keys only, so it never looks past the row).
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -164,8 +178,9 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1, key = nb * 8 + 2 * t + (e & 1), kpos = k0 + key;
         const bool visible = row_valid[r] && kpos < len && (!p.causal || kpos <= rows[r]);
-        s[nb][e] = visible ? s[nb][e] * q_factor[r] * k_col[key] : -INFINITY;
-        tile_max[r] = nan_max(tile_max[r], s[nb][e]);
+        float& x = s[nb * 4 + e];
+        x = visible ? x * q_factor[r] * sm.k_col[key] : -INFINITY;
+        tile_max[r] = nan_max(tile_max[r], x);
       }
     }
     float alpha[2], m_new[2];
@@ -181,8 +196,8 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
     }
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
-      o_acc[n][0] *= alpha[0], o_acc[n][1] *= alpha[0];
-      o_acc[n][2] *= alpha[1], o_acc[n][3] *= alpha[1];
+      o_acc[4 * n + 0] *= alpha[0], o_acc[4 * n + 1] *= alpha[0];
+      o_acc[4 * n + 2] *= alpha[1], o_acc[4 * n + 3] *= alpha[1];
     }
 
     // p = 2^(s - m); l sums unrounded p; P~ = E4M3(p 2^ev_j 2^(boost - rho_i)) packed as P.V's A operand.
@@ -196,11 +211,12 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1, key = nb * 8 + 2 * t + (e & 1);
-          const bool visible = s[nb][e] != -INFINITY;
-          const float pe = visible ? exp2f(s[nb][e] - m_new[r]) : 0.f;
+          const float x = s[nb * 4 + e];
+          const bool visible = x != -INFINITY;
+          const float pe = visible ? exp2f(x - m_new[r]) : 0.f;
           l[r] += pe;
           // Masked keys contribute an exact 0, even when their V scale is NaN.
-          const int k_exp = v_exp[key] == kNaNExponent ? kNaNExponent : v_exp[key] + fold_bias[r];
+          const int k_exp = sm.v_exp[key] == kNaNExponent ? kNaNExponent : sm.v_exp[key] + fold_bias[r];
           pf[b][e] = visible ? pe * pow2i(k_exp) : 0.f;
         }
       }
@@ -211,25 +227,18 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
       pa[kk][3] = pack_e4m3x2(pf[2][2], pf[2][3]) | (pack_e4m3x2(pf[3][2], pf[3][3]) << 16);
     }
 
-    // O += P~ . V codes, V's B fragment gathered with the same key permutation.
+    // O += P~ . V codes on the tensor cores, B = V^T from shared memory.
+    fence_accumulators(o_acc);
+    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kKeyTile / 32; ++kk) {
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        uint32_t b[2];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          uint32_t word = 0;
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = kk * 32 + permuted_key(half * 16 + 4 * t + e);
-            word |= uint32_t(v_tile[key * kPitch + n * 8 + g]) << (8 * e);
-          }
-          b[half] = word;
-        }
-        mma_e4m3(o_acc[n], pa[kk], b[0], b[1]);
-      }
+      const uint64_t desc_v = smem_descriptor(sm.vt + kk * 2 * kCoreMatrixBytes, kVtStride);
+      if constexpr (D == 128) wgmma_m64n128k32_rs(o_acc, pa[kk], desc_v);
+      else wgmma_m64n64k32_rs(o_acc, pa[kk], desc_v);
     }
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_accumulators(o_acc);
   }
 
   // Finish: full row sums across the 4 lanes of a row, then O and LSE.
@@ -247,7 +256,7 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
     __nv_bfloat16* orow = o + tok * p.o_stride_token + h * p.o_stride_head;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
-      const __nv_bfloat162 v2 = __floats2bfloat162_rn(o_acc[n][2 * r] * f, o_acc[n][2 * r + 1] * f);
+      const __nv_bfloat162 v2 = __floats2bfloat162_rn(o_acc[4 * n + 2 * r] * f, o_acc[4 * n + 2 * r + 1] * f);
       *reinterpret_cast<__nv_bfloat162*>(orow + n * 8 + 2 * t) = v2;
     }
     if (t == 0) p.lse[size_t(h) * p.total_tokens + tok] = (m[r] + log2f(l[r])) * 0.6931471805599453f;
