@@ -33,7 +33,7 @@ int run_numerics_command(int argc, char** argv) {
   int docs = 2, len = 1024, heads = 4, kv_heads = 0, dim = 128;
   std::vector<int> lengths;
   uint64_t seed = 0;
-  bool json = false, quiet = false, non_causal = false, check = false;
+  bool json = false, quiet = false, non_causal = false, check = false, default_only = false;
   ArgParser args("numerics",
                  "Accuracy of the emulated MXFP8 route (bit-exact quantization, double accumulation) against\n"
                  "an unquantized FP64 reference on random normal BF16 inputs: cosine, relative L2, max abs error,\n"
@@ -47,6 +47,7 @@ int run_numerics_command(int argc, char** argv) {
   args.option("dim", &dim, "head dimension");
   args.option("seed", &seed, "random seed of the inputs");
   args.flag("non-causal", &non_causal, "attend to the whole document (prefix mode is then skipped)");
+  args.flag("default-only", &default_only, "run only the default configuration (block32, ceil, document, rowcol)");
   args.flag("check", &check, "exit 1 when the default route misses the accuracy bars (O >= 0.998, grads >= 0.997)");
   args.flag("json", &json, "print one JSON object instead of a table");
   args.flag("quiet", &quiet, "no progress lines on stderr");
@@ -68,6 +69,7 @@ int run_numerics_command(int argc, char** argv) {
   std::vector<NumericsOptions> configs;
   for (const auto& c : analysis::default_numerics_configs())
     if (shape.causal || c.isolation != Isolation::kPrefix) configs.push_back(c);
+  if (default_only) configs.resize(1);  // the first configuration is the default route
   const auto rows = analysis::run_numerics(inputs, shape, configs, progress);
   progress("done");
   std::string why;

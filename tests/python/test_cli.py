@@ -84,3 +84,13 @@ def test_help_lists_the_options():
     assert out.returncode == 0 and "--position" in out.stdout and "--json" in out.stdout
     out = run("--help")
     assert out.returncode == 0 and "numerics" in out.stdout
+
+
+def test_numerics_default_only_reports_just_the_default_route():
+    out = run("numerics", "--json", "--default-only", "--len", "96", "--docs", "2", "--heads", "2", "--dim", "64",
+              "--quiet")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["rows"]
+    assert len(rows) == 5
+    assert {(r["isolation"], r["geometry"], r["rule"], r["u_scale"]) for r in rows} == {
+        ("document", "block32", "ceil", "rowcol")}
