@@ -209,7 +209,7 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
     const DocOperand k = load(in.k, begin, len, kvh), v = load(in.v, begin, len, kvh);
     std::vector<double> dk(size_t(len) * D, 0.0), dv(size_t(len) * D, 0.0);
     constexpr int kQT = tiling::kBwdQueryTile, kKT = tiling::kBwdKeyTile;
-    std::vector<double> P(size_t(kQT) * len), U(size_t(kQT) * len), column(kQT);
+    std::vector<double> U(size_t(kQT) * len), column(kQT);
 
     for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
       const DocOperand q = load(in.q, begin, len, h), g = load(g_codes, begin, len, h);
@@ -218,9 +218,8 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
 
       for (int p0 = 0; p0 < len; p0 += kQT) {
         const int rows = std::min(kQT, len - p0);
-        std::fill(P.begin(), P.end(), 0.0);
         std::fill(U.begin(), U.end(), 0.0);
-        // Rebuild P and form U row by row; dV needs only P.
+        // Rebuild P and form U row by row; dV consumes P right away.
         for (int r = 0; r < rows; ++r) {
           const int p = p0 + r, last = last_visible_key(p, len, shape.causal);
           const double lse2 = fwd.lse.at(h, begin + p) * std::numbers::log2e;
@@ -233,7 +232,6 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
             const double pij = std::exp2(logit2(q, p, k, j, scale_log2e) - lse2);
             const double eij = dot(g.row(p), v.row(j), D) * std::exp2(g.exponents[p] + v.exponents[j]);
             const double uij = pij * (eij - Di);
-            P[size_t(r) * len + j] = pij;
             U[size_t(r) * len + j] = uij;
             residual += uij * scale;
             const double pt = round_fresh(pij * std::exp2(boost + g.exponents[p] - gamma), st.saturated_p);
