@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one command for a GPU (sm_90) machine: build with CUDA, run the GPU C++ tests, install the
-# Python package offline, run the PyTorch op tests, and (with --bench) the forward benchmark.
+# Python package offline, run the PyTorch op tests, and (with --bench) the forward and the
+# training-call benchmarks.
 #
 #   scripts/gpu_check.sh [--bench] [--bench-args "--rounds 10 --workloads 16x4096"]
 #
@@ -101,13 +102,15 @@ fi
 if [ "$RUN_BENCH" -eq 1 ]; then
   BENCH_DIR=${OUT:-bench-results}
   mkdir -p "$BENCH_DIR"
-  if [ "$install_ok" -eq 1 ]; then
-    # shellcheck disable=SC2086  # BENCH_ARGS is a list of words on purpose
-    run_step "bench_forward" "$PYTHON" bench/bench_forward.py --json "$BENCH_DIR/bench_forward.json" \
-      --markdown "$BENCH_DIR/bench_forward.md" $BENCH_ARGS
-  else
-    skip_step "bench_forward" "pip install failed"
-  fi
+  for pass in forward train; do
+    if [ "$install_ok" -eq 1 ]; then
+      # shellcheck disable=SC2086  # BENCH_ARGS is a list of words on purpose
+      run_step "bench $pass" "$PYTHON" bench/bench_attention.py --pass "$pass" --json "$BENCH_DIR/bench_$pass.json" \
+        --markdown "$BENCH_DIR/bench_$pass.md" $BENCH_ARGS
+    else
+      skip_step "bench $pass" "pip install failed"
+    fi
+  done
 fi
 
 echo
@@ -127,7 +130,7 @@ for i in "${!STEP_NAMES[@]}"; do
   printf '  %-26s %-18s %5ss\n' "${STEP_NAMES[$i]}" "$verdict" "${STEP_SECONDS[$i]}"
 done
 if [ "$RUN_BENCH" -eq 1 ]; then
-  echo "  benchmark results: ${BENCH_DIR}/bench_forward.{json,md}"
+  echo "  benchmark results: ${BENCH_DIR}/bench_{forward,train}.{json,md}"
 fi
 if [ "$failed" -ne 0 ]; then
   echo "gpu_check: FAILED"

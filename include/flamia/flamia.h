@@ -75,6 +75,23 @@ flamia_status flamia_forward(const flamia_tensor* q, const flamia_tensor* k, con
                              const flamia_documents* docs, const flamia_options* options, flamia_tensor* o, float* lse,
                              void* workspace, size_t workspace_bytes, void* stream, flamia_error* error);
 
+/* Bytes of device workspace flamia_backward needs (E4M3 codes and UE8M0 scales of q, k, v and dout,
+ * dout's running scale max, and D_i in FP32). Depends only on the shapes; 256-byte aligned as above. */
+flamia_status flamia_backward_workspace_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
+                                             size_t* bytes, flamia_error* error);
+
+/* Gradients of the call flamia_forward(q, k, v, docs, options) -> (o, lse) for the incoming gradient
+ * dout [T, Hq, D] BF16: dq [T, Hq, D], dk and dv [T, Hkv, D] (BF16, written, not accumulated into).
+ * Pass the same q, k, v, docs and options as the forward and its o and lse. q, k and v are quantized
+ * again (bitwise the forward's codes). Deterministic: every output element is summed by one thread
+ * in a fixed order (no atomics), so equal inputs give bitwise equal gradients; in prefix isolation
+ * dq of row i depends on nothing after i. */
+flamia_status flamia_backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
+                              const flamia_tensor* o, const float* lse, const flamia_tensor* dout,
+                              const flamia_documents* docs, const flamia_options* options, flamia_tensor* dq,
+                              flamia_tensor* dk, flamia_tensor* dv, void* workspace, size_t workspace_bytes,
+                              void* stream, flamia_error* error);
+
 #ifdef __cplusplus
 }
 #endif

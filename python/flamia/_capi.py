@@ -28,6 +28,8 @@ __all__ = [
     "tensor",
     "forward_workspace_size",
     "forward",
+    "backward_workspace_size",
+    "backward",
     "check",
     "SUCCESS",
     "ERROR_INVALID_ARGUMENT",
@@ -190,6 +192,19 @@ def _declare(lib):
         ptr(Error),
     ]
     lib.flamia_forward.restype = _c_enum
+    lib.flamia_backward_workspace_size.argtypes = [
+        ptr(Tensor), ptr(Tensor), ptr(Tensor), ptr(ctypes.c_size_t), ptr(Error)]
+    lib.flamia_backward_workspace_size.restype = _c_enum
+    lib.flamia_backward.argtypes = [
+        ptr(Tensor), ptr(Tensor), ptr(Tensor),  # q, k, v
+        ptr(Tensor), ctypes.c_void_p, ptr(Tensor),  # o, lse (const float*), dout
+        ptr(Documents), ptr(Options),  # docs, options
+        ptr(Tensor), ptr(Tensor), ptr(Tensor),  # dq, dk, dv
+        ctypes.c_void_p, ctypes.c_size_t,  # workspace, workspace_bytes
+        ctypes.c_void_p,  # stream (cudaStream_t)
+        ptr(Error),
+    ]
+    lib.flamia_backward.restype = _c_enum
     return lib
 
 
@@ -252,4 +267,25 @@ def forward(q, k, v, docs, options, o, lse_ptr, workspace_ptr, workspace_bytes, 
         ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(docs), ctypes.byref(options),
         ctypes.byref(o), ctypes.c_void_p(int(lse_ptr)), ctypes.c_void_p(int(workspace_ptr)),
         ctypes.c_size_t(int(workspace_bytes)), ctypes.c_void_p(int(stream)), ctypes.byref(error))
+    check(status, error)
+
+
+def backward_workspace_size(q, k, v):
+    """Bytes of workspace flamia_backward needs for these shapes (flamia_tensor descriptors)."""
+    nbytes = ctypes.c_size_t(0)
+    error = Error()
+    status = library().flamia_backward_workspace_size(
+        ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(nbytes), ctypes.byref(error))
+    check(status, error)
+    return int(nbytes.value)
+
+
+def backward(q, k, v, o, lse_ptr, dout, docs, options, dq, dk, dv, workspace_ptr, workspace_bytes, stream):
+    """flamia_backward on raw descriptors and addresses; raises FlamiaError on failure."""
+    error = Error()
+    status = library().flamia_backward(
+        ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(o), ctypes.c_void_p(int(lse_ptr)),
+        ctypes.byref(dout), ctypes.byref(docs), ctypes.byref(options), ctypes.byref(dq), ctypes.byref(dk),
+        ctypes.byref(dv), ctypes.c_void_p(int(workspace_ptr)), ctypes.c_size_t(int(workspace_bytes)),
+        ctypes.c_void_p(int(stream)), ctypes.byref(error))
     check(status, error)

@@ -1,9 +1,10 @@
-"""PyTorch binding of the flamia forward: the custom op ``flamia::attention_forward`` (with a fake
-implementation for torch.compile and an autograd registration) and the public ``attention``.
+"""PyTorch binding of flamia: the custom ops ``flamia::attention_forward`` and
+``flamia::attention_backward`` (each with a fake implementation for torch.compile), the autograd
+registration that ties them together, and the public ``attention``.
 
-The op calls the C API (``flamia_forward``) through ctypes on torch's current CUDA stream. It
-allocates its outputs and the workspace with torch (so CUDA graph capture uses the graph's memory
-pool), never synchronizes the host and never reads device memory from the host.
+The ops call the C API (``flamia_forward``, ``flamia_backward``) through ctypes on torch's current
+CUDA stream. They allocate their outputs and workspaces with torch (so CUDA graph capture uses the
+graph's memory pool), never synchronize the host and never read device memory from the host.
 """
 
 import functools
@@ -14,11 +15,7 @@ import torch
 from . import _capi
 from ._capi import FlamiaError
 
-__all__ = ["attention", "attention_forward", "FlamiaError"]
-
-_BACKWARD_MESSAGE = (
-    "flamia: the MXFP8 backward is not implemented yet (only the forward has landed); "
-    "use flamia.attention under torch.no_grad() or on inputs that do not require grad")
+__all__ = ["attention", "attention_forward", "attention_backward", "FlamiaError"]
 
 
 def _check_tensor(t, name, dtype, ndim):
@@ -29,7 +26,7 @@ def _check_tensor(t, name, dtype, ndim):
     if t.device.type != "cuda":
         raise ValueError(f"flamia.attention: {name} must be a CUDA tensor, got a tensor on {t.device}")
     if t.dim() != ndim:
-        shape = "[T, H, D]" if ndim == 3 else "[num_docs + 1]"
+        shape = {3: "[T, H, D]", 2: "[Hq, T]", 1: "[num_docs + 1]"}[ndim]
         raise ValueError(f"flamia.attention: {name} must have {ndim} dimensions {shape}, got shape {tuple(t.shape)}")
 
 
@@ -97,11 +94,29 @@ def _kernel_layout(t):
 
 
 @functools.lru_cache(maxsize=256)
-def _workspace_bytes(tokens, q_heads, kv_heads, dim):
-    # The size query reads only the shapes (no data pointer, no stride).
+def _workspace_bytes(tokens, q_heads, kv_heads, dim, backward=False):
+    # The size queries read only the shapes (no data pointer, no stride).
     q = _capi.tensor(0, tokens, q_heads, dim, q_heads * dim, dim)
     kv = _capi.tensor(0, tokens, kv_heads, dim, kv_heads * dim, dim)
-    return _capi.forward_workspace_size(q, kv, kv)
+    return (_capi.backward_workspace_size if backward else _capi.forward_workspace_size)(q, kv, kv)
+
+
+def _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule):
+    options = _capi.default_options()
+    options.causal = 1 if causal else 0
+    options.softmax_scale = float(softmax_scale)
+    options.isolation = _capi.ISOLATION[isolation]
+    options.scale_geometry = _capi.SCALE_GEOMETRY[scale_geometry]
+    options.scale_rule = _capi.SCALE_RULE[scale_rule]
+    return options
+
+
+def _c_documents(cu_seqlens, max_seqlen):
+    """The device copy only: no host copy, so no device-to-host transfer (the C call checks every
+    property of cu_seqlens that it can without reading device memory). max_seqlen is clamped into
+    int32, so an out-of-range value reaches the C check instead of wrapping."""
+    max_seqlen = max(min(int(max_seqlen), 2**31 - 1), -(2**31))
+    return _capi.Documents(cu_seqlens.data_ptr(), None, cu_seqlens.shape[0] - 1, max_seqlen)
 
 
 @torch.library.custom_op("flamia::attention_forward", mutates_args=())
@@ -128,18 +143,8 @@ def attention_forward(
     o = torch.empty((tokens, q_heads, dim), dtype=torch.bfloat16, device=q.device)
     lse = torch.empty((q_heads, tokens), dtype=torch.float32, device=q.device)
 
-    options = _capi.default_options()
-    options.causal = 1 if causal else 0
-    options.softmax_scale = float(softmax_scale)
-    options.isolation = _capi.ISOLATION[isolation]
-    options.scale_geometry = _capi.SCALE_GEOMETRY[scale_geometry]
-    options.scale_rule = _capi.SCALE_RULE[scale_rule]
-
-    # The device copy only: no host copy, so no device-to-host transfer (the C call checks every
-    # property of cu_seqlens that it can without reading device memory).
-    # (Clamped into int32, so an out-of-range max_seqlen reaches the C check instead of wrapping.)
-    max_seqlen = max(min(int(max_seqlen), 2**31 - 1), -(2**31))
-    docs = _capi.Documents(cu_seqlens.data_ptr(), None, cu_seqlens.shape[0] - 1, max_seqlen)
+    options = _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule)
+    docs = _c_documents(cu_seqlens, max_seqlen)
 
     with torch.cuda.device(q.device):
         nbytes = _workspace_bytes(tokens, q_heads, kv_heads, dim)
@@ -161,12 +166,73 @@ def _attention_forward_fake(q, k, v, cu_seqlens, max_seqlen, causal, softmax_sca
     return o, lse
 
 
+@torch.library.custom_op("flamia::attention_backward", mutates_args=())
+def attention_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    causal: bool,
+    softmax_scale: float,
+    isolation: str,
+    scale_geometry: str,
+    scale_rule: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MXFP8 attention backward: (dq [T, Hq, D], dk [T, Hkv, D], dv [T, Hkv, D]) bf16 for the incoming
+    gradient dout of o, given the forward's inputs and outputs (o, lse). Deterministic."""
+    _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
+    _check_tensor(dout, "dout", torch.bfloat16, 3)
+    _check_tensor(o, "o", torch.bfloat16, 3)
+    _check_tensor(lse, "lse", torch.float32, 2)
+    tokens, q_heads, dim = q.shape
+    kv_heads = k.shape[1]
+    q, k, v, o, dout = (_kernel_layout(t) for t in (q, k, v, o, dout))
+    if lse.shape != (q_heads, tokens):
+        raise ValueError(f"flamia.attention_backward: lse must have shape {(q_heads, tokens)}, got {tuple(lse.shape)}")
+    if not lse.is_contiguous():
+        lse = lse.contiguous()
+    if cu_seqlens.stride(0) != 1:
+        cu_seqlens = cu_seqlens.contiguous()
+
+    dq = torch.empty((tokens, q_heads, dim), dtype=torch.bfloat16, device=q.device)
+    dk = torch.empty((tokens, kv_heads, dim), dtype=torch.bfloat16, device=q.device)
+    dv = torch.empty((tokens, kv_heads, dim), dtype=torch.bfloat16, device=q.device)
+    options = _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule)
+    docs = _c_documents(cu_seqlens, max_seqlen)
+    with torch.cuda.device(q.device):
+        nbytes = _workspace_bytes(tokens, q_heads, kv_heads, dim, backward=True)
+        workspace = torch.empty((nbytes,), dtype=torch.uint8, device=q.device)
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        _capi.backward(_descriptor(q), _descriptor(k), _descriptor(v), _descriptor(o), lse.data_ptr(),
+                       _descriptor(dout), docs, options, _descriptor(dq), _descriptor(dk), _descriptor(dv),
+                       workspace.data_ptr(), nbytes, stream)
+    return dq, dk, dv
+
+
+@attention_backward.register_fake
+def _attention_backward_fake(dout, q, k, v, o, lse, cu_seqlens, max_seqlen, causal, softmax_scale, isolation,
+                             scale_geometry, scale_rule):
+    _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
+    return (q.new_empty(q.shape, dtype=torch.bfloat16), k.new_empty(k.shape, dtype=torch.bfloat16),
+            v.new_empty(v.shape, dtype=torch.bfloat16))
+
+
 def _setup_context(ctx, inputs, output):
-    pass  # nothing to save until the backward exists
+    q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry, scale_rule = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_seqlens)
+    ctx.arguments = (max_seqlen, causal, softmax_scale, isolation, scale_geometry, scale_rule)
+    ctx.mark_non_differentiable(lse)  # only o carries a gradient (attention() returns lse detached)
 
 
 def _backward(ctx, grad_o, grad_lse):
-    raise NotImplementedError(_BACKWARD_MESSAGE)
+    q, k, v, o, lse, cu_seqlens = ctx.saved_tensors
+    dq, dk, dv = attention_backward(grad_o, q, k, v, o, lse, cu_seqlens, *ctx.arguments)
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -190,7 +256,10 @@ def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, 
         return_lse: also return lse [Hq, T] FP32 (natural log).
 
     Returns:
-        o [T, Hq, D] BF16, or (o, lse) when return_lse.
+        o [T, Hq, D] BF16, or (o, lse) when return_lse (lse carries no gradient).
+
+    Differentiable in q, k and v: the backward is the MXFP8 backward of DESIGN.md (deterministic;
+    in prefix isolation dq of a row depends on nothing after it).
 
     Raises:
         TypeError / ValueError naming the argument for bad Python-side input, FlamiaError (with the
@@ -206,5 +275,5 @@ def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, 
     o, lse = attention_forward(q, k, v, cu_seqlens, max_seqlen, bool(causal), float(softmax_scale), isolation,
                                scale_geometry, scale_rule)
     if return_lse:
-        return o, lse
+        return o, lse.detach()  # the backward differentiates o only
     return o

@@ -17,10 +17,13 @@ struct EntryPoints {
   decltype(&flamia_status_name) status_name;
   decltype(&flamia_forward_workspace_size) forward_workspace_size;
   decltype(&flamia_forward) forward;
+  decltype(&flamia_backward_workspace_size) backward_workspace_size;
+  decltype(&flamia_backward) backward;
 };
 
 [[maybe_unused]] __attribute__((used)) const EntryPoints kEntryPoints = {
-    &flamia_default_options, &flamia_status_name, &flamia_forward_workspace_size, &flamia_forward};
+    &flamia_default_options, &flamia_status_name, &flamia_forward_workspace_size, &flamia_forward,
+    &flamia_backward_workspace_size, &flamia_backward};
 
 }  // namespace
 

@@ -89,6 +89,15 @@ CallError check_shapes(const flamia_tensor& q, const flamia_tensor& k, const fla
   return CallError::success();
 }
 
+// t shaped exactly like ref (a gradient like its tensor). INVALID_ARGUMENT only.
+CallError check_like(const flamia_tensor& t, std::string_view name, const flamia_tensor& ref, std::string_view ref_name) {
+  FLAMIA_RETURN_IF_ERROR(check_tensor_shape(t, name));
+  const std::string n(name), r(ref_name);
+  FLAMIA_RETURN_IF_ERROR(check_equal(n + ".tokens", t.tokens, r + ".tokens", ref.tokens));
+  FLAMIA_RETURN_IF_ERROR(check_equal(n + ".heads", t.heads, r + ".heads", ref.heads));
+  return check_equal(n + ".dim", t.dim, r + ".dim", ref.dim);
+}
+
 // What the kernels of this build support (run after every INVALID_ARGUMENT check).
 CallError check_limits(const flamia_tensor& q, const flamia_tensor& k) {
   if (!head_dim_supported(q.dim)) {
@@ -252,6 +261,38 @@ CallError validate_forward(const flamia_tensor* q, const flamia_tensor* k, const
   return check_limits(*q, *k);
 }
 
+CallError validate_backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
+                            const flamia_tensor* o, const float* lse, const flamia_tensor* dout,
+                            const flamia_documents* docs, const flamia_options* options, const flamia_tensor* dq,
+                            const flamia_tensor* dk, const flamia_tensor* dv) {
+  const std::pair<const void*, const char*> required[] = {
+      {q, "q is NULL"},       {k, "k is NULL"},   {v, "v is NULL"},   {o, "o is NULL (the forward's output)"},
+      {lse, "lse is NULL (the forward's lse)"}, {dout, "dout is NULL"}, {docs, "docs is NULL"},
+      {options, "options is NULL (flamia_default_options fills the defaults)"},
+      {dq, "dq is NULL"},     {dk, "dk is NULL"}, {dv, "dv is NULL"}};
+  for (const auto& [ptr, message] : required)
+    if (ptr == nullptr) return invalid(message);
+
+  FLAMIA_RETURN_IF_ERROR(check_shapes(*q, *k, *v, o));
+  FLAMIA_RETURN_IF_ERROR(check_like(*dout, "dout", *q, "q"));
+  FLAMIA_RETURN_IF_ERROR(check_like(*dq, "dq", *q, "q"));
+  FLAMIA_RETURN_IF_ERROR(check_like(*dk, "dk", *k, "k"));
+  FLAMIA_RETURN_IF_ERROR(check_like(*dv, "dv", *k, "k"));
+  FLAMIA_RETURN_IF_ERROR(check_layout(*q, "q", false));
+  FLAMIA_RETURN_IF_ERROR(check_layout(*k, "k", false));
+  FLAMIA_RETURN_IF_ERROR(check_layout(*v, "v", false));
+  FLAMIA_RETURN_IF_ERROR(check_layout(*o, "o", false));
+  FLAMIA_RETURN_IF_ERROR(check_layout(*dout, "dout", false));
+  FLAMIA_RETURN_IF_ERROR(check_layout(*dq, "dq", true));
+  FLAMIA_RETURN_IF_ERROR(check_layout(*dk, "dk", true));
+  FLAMIA_RETURN_IF_ERROR(check_layout(*dv, "dv", true));
+  if (reinterpret_cast<uintptr_t>(lse) % alignof(float) != 0)
+    return invalid("lse must be 4-byte aligned (FP32), got address " + address(lse));
+  FLAMIA_RETURN_IF_ERROR(check_documents(*docs, q->tokens));
+  FLAMIA_RETURN_IF_ERROR(check_options(*options, q->dim));
+  return check_limits(*q, *k);
+}
+
 NumericsOptions numerics_options(const flamia_options& options) {
   NumericsOptions n;
   n.isolation = raw_enum(options.isolation) == FLAMIA_ISOLATION_PREFIX ? Isolation::kPrefix : Isolation::kDocument;
@@ -283,20 +324,54 @@ ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64
   return w;
 }
 
-CallError check_workspace(const ForwardWorkspace& layout, const void* workspace, size_t workspace_bytes) {
+BackwardWorkspace backward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim) {
+  BackwardWorkspace w;
+  size_t at = 0;
+  auto take = [&at](size_t bytes) {
+    const WorkspaceRegion r{at, bytes};
+    at = align_up(at + bytes);
+    return r;
+  };
+  const size_t t = size_t(tokens), hq = size_t(q_heads), hkv = size_t(kv_heads), d = size_t(head_dim);
+  w.q_codes = take(t * hq * d);
+  w.k_codes = take(t * hkv * d);
+  w.v_codes = take(t * hkv * d);
+  w.g_codes = take(t * hq * d);
+  w.q_scales = take(t * hq);
+  w.k_scales = take(t * hkv);
+  w.v_scales = take(t * hkv);
+  w.g_scales = take(t * hq);
+  w.g_scale_prefix_max = take(t * hq);
+  w.delta = take(t * hq * sizeof(float));
+  w.total = at;
+  return w;
+}
+
+namespace {
+
+CallError check_workspace_bytes(size_t required, const char* size_query, const void* workspace, size_t workspace_bytes) {
   if (workspace == nullptr) {
-    return {FLAMIA_ERROR_WORKSPACE, "workspace is NULL; this call needs " + std::to_string(layout.total) +
-                                        " bytes (flamia_forward_workspace_size)"};
+    return {FLAMIA_ERROR_WORKSPACE, "workspace is NULL; this call needs " + std::to_string(required) + " bytes (" +
+                                        size_query + ")"};
   }
-  if (workspace_bytes < layout.total) {
+  if (workspace_bytes < required) {
     return {FLAMIA_ERROR_WORKSPACE, "workspace_bytes (" + std::to_string(workspace_bytes) + ") is smaller than the " +
-                                        std::to_string(layout.total) + " bytes flamia_forward_workspace_size returns"};
+                                        std::to_string(required) + " bytes " + size_query + " returns"};
   }
   if (reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlignment != 0) {
     return {FLAMIA_ERROR_WORKSPACE,
             "workspace must be 256-byte aligned (as cudaMalloc returns), got address " + address(workspace)};
   }
   return CallError::success();
+}
+
+}  // namespace
+
+CallError check_workspace(const ForwardWorkspace& layout, const void* workspace, size_t workspace_bytes) {
+  return check_workspace_bytes(layout.total, "flamia_forward_workspace_size", workspace, workspace_bytes);
+}
+CallError check_workspace(const BackwardWorkspace& layout, const void* workspace, size_t workspace_bytes) {
+  return check_workspace_bytes(layout.total, "flamia_backward_workspace_size", workspace, workspace_bytes);
 }
 
 flamia_status report(const CallError& result, flamia_error* error) {
@@ -342,6 +417,21 @@ flamia_status flamia_forward_workspace_size(const flamia_tensor* q, const flamia
     *bytes = 0;
     if (CallError e = flamia::capi::validate_shapes(q, k, v); !e.ok()) return flamia::capi::report(e, error);
     *bytes = flamia::capi::forward_workspace_layout(q->tokens, q->heads, k->heads, q->dim).total;
+    return flamia::capi::report(CallError::success(), error);
+  } catch (const std::exception& e) {
+    return flamia::capi::report({FLAMIA_ERROR_INVALID_ARGUMENT, std::string("internal error: ") + e.what()}, error);
+  } catch (...) {
+    return flamia::capi::report({FLAMIA_ERROR_INVALID_ARGUMENT, "internal error"}, error);
+  }
+}
+
+flamia_status flamia_backward_workspace_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
+                                             size_t* bytes, flamia_error* error) {
+  try {
+    if (bytes == nullptr) return flamia::capi::report({FLAMIA_ERROR_INVALID_ARGUMENT, "bytes is NULL"}, error);
+    *bytes = 0;
+    if (CallError e = flamia::capi::validate_shapes(q, k, v); !e.ok()) return flamia::capi::report(e, error);
+    *bytes = flamia::capi::backward_workspace_layout(q->tokens, q->heads, k->heads, q->dim).total;
     return flamia::capi::report(CallError::success(), error);
   } catch (const std::exception& e) {
     return flamia::capi::report({FLAMIA_ERROR_INVALID_ARGUMENT, std::string("internal error: ") + e.what()}, error);

@@ -43,6 +43,13 @@ CallError validate_forward(const flamia_tensor* q, const flamia_tensor* k, const
                            const flamia_documents* docs, const flamia_options* options, const flamia_tensor* o,
                            const float* lse);
 
+// Everything flamia_backward checks before it touches the device: the forward's rules for q, k,
+// v, o (an input here), lse, docs and options, and dout and dq shaped like q, dk and dv like k.
+CallError validate_backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
+                            const flamia_tensor* o, const float* lse, const flamia_tensor* dout,
+                            const flamia_documents* docs, const flamia_options* options, const flamia_tensor* dq,
+                            const flamia_tensor* dk, const flamia_tensor* dv);
+
 // The C options as the numerics core spells them (valid options only: check them first).
 NumericsOptions numerics_options(const flamia_options& options);
 
@@ -68,8 +75,22 @@ struct ForwardWorkspace {
 // Precondition: the shapes passed validate_shapes (so no size can overflow).
 ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim);
 
+// The backward's device workspace: Q, K, V and dO quantized again (bitwise the forward's codes),
+// dO's running scale max (for the dV fold reference) and D_i.
+struct BackwardWorkspace {
+  WorkspaceRegion q_codes, k_codes, v_codes, g_codes;      // E4M3 [T, H, D] (g: dO)
+  WorkspaceRegion q_scales, k_scales, v_scales, g_scales;  // UE8M0 [T, H]
+  WorkspaceRegion g_scale_prefix_max;                      // UE8M0 [T, Hq]
+  WorkspaceRegion delta;                                   // FP32 [Hq, T]: D_i
+  size_t total = 0;                                        // a multiple of kWorkspaceAlignment
+};
+
+// Precondition: the shapes passed validate_shapes.
+BackwardWorkspace backward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim);
+
 // FLAMIA_ERROR_WORKSPACE when the workspace is NULL, smaller than layout.total, or not 256-byte aligned.
 CallError check_workspace(const ForwardWorkspace& layout, const void* workspace, size_t workspace_bytes);
+CallError check_workspace(const BackwardWorkspace& layout, const void* workspace, size_t workspace_bytes);
 
 // Writes the message into *error (truncated to fit, always NUL-terminated; "" on success) when
 // error is not NULL, and returns the status.

@@ -505,6 +505,105 @@ TEST(CapiValidation, WorkspaceCheck) {
   EXPECT_TRUE(Fails(check_workspace(w, fake_pointer(0x100080), w.total), FLAMIA_ERROR_WORKSPACE, "256-byte"));
 }
 
+// A valid backward call on top of Call: dout and dq like q, dk and dv like k.
+struct BackwardCall : Call {
+  flamia_tensor dout = packed(0x70000, T, Hq, D);
+  flamia_tensor dq = packed(0x80000, T, Hq, D);
+  flamia_tensor dk = packed(0x90000, T, Hkv, D);
+  flamia_tensor dv = packed(0xA0000, T, Hkv, D);
+  CallError validate() const { return validate_backward(&q, &k, &v, &o, lse, &dout, &docs, &options, &dq, &dk, &dv); }
+};
+
+TEST(CapiValidation, BackwardChecksEveryArgument) {
+  BackwardCall c;
+  EXPECT_TRUE(c.validate().ok()) << c.validate().message;
+  {
+    BackwardCall prefix;
+    prefix.options.isolation = FLAMIA_ISOLATION_PREFIX;
+    EXPECT_TRUE(prefix.validate().ok()) << prefix.validate().message;
+  }
+  const BackwardCall b;
+  EXPECT_TRUE(Fails(validate_backward(&b.q, &b.k, &b.v, nullptr, b.lse, &b.dout, &b.docs, &b.options, &b.dq, &b.dk, &b.dv),
+                    kInvalid, "o is NULL"));
+  EXPECT_TRUE(Fails(validate_backward(&b.q, &b.k, &b.v, &b.o, nullptr, &b.dout, &b.docs, &b.options, &b.dq, &b.dk, &b.dv),
+                    kInvalid, "lse is NULL"));
+  EXPECT_TRUE(Fails(validate_backward(&b.q, &b.k, &b.v, &b.o, b.lse, nullptr, &b.docs, &b.options, &b.dq, &b.dk, &b.dv),
+                    kInvalid, "dout is NULL"));
+  EXPECT_TRUE(Fails(validate_backward(&b.q, &b.k, &b.v, &b.o, b.lse, &b.dout, &b.docs, &b.options, nullptr, &b.dk, &b.dv),
+                    kInvalid, "dq is NULL"));
+  EXPECT_TRUE(Fails(validate_backward(&b.q, &b.k, &b.v, &b.o, b.lse, &b.dout, &b.docs, &b.options, &b.dq, nullptr, &b.dv),
+                    kInvalid, "dk is NULL"));
+  EXPECT_TRUE(Fails(validate_backward(&b.q, &b.k, &b.v, &b.o, b.lse, &b.dout, &b.docs, &b.options, &b.dq, &b.dk, nullptr),
+                    kInvalid, "dv is NULL"));
+
+  BackwardCall shape;
+  shape.dout.heads = Call::Hkv;
+  EXPECT_TRUE(Fails(shape.validate(), kInvalid, "dout.heads"));
+  BackwardCall dk_shape;
+  dk_shape.dk.heads = Call::Hq;  // dK is per K/V head, summed over the group's query heads
+  EXPECT_TRUE(Fails(dk_shape.validate(), kInvalid, "dk.heads"));
+  BackwardCall dv_dim;
+  dv_dim.dv.dim = 128;
+  EXPECT_TRUE(Fails(dv_dim.validate(), kInvalid, "dv.dim"));
+  BackwardCall dtype;
+  dtype.dq.dtype = FLAMIA_DTYPE_FP32;
+  EXPECT_TRUE(Fails(dtype.validate(), kInvalid, "dq.dtype"));
+  BackwardCall misaligned;
+  misaligned.dout.data = fake_pointer(0x70008);
+  EXPECT_TRUE(Fails(misaligned.validate(), kInvalid, "dout.data"));
+  BackwardCall overlapping;  // an output whose rows overlap
+  overlapping.dk.stride_token = Call::D;
+  EXPECT_TRUE(Fails(overlapping.validate(), kInvalid, "dk.stride_token"));
+  BackwardCall non_causal_prefix;
+  non_causal_prefix.options.causal = 0;
+  non_causal_prefix.options.isolation = FLAMIA_ISOLATION_PREFIX;
+  EXPECT_TRUE(Fails(non_causal_prefix.validate(), kInvalid, "causal"));
+  BackwardCall bad_docs;
+  bad_docs.cu_host = {0, 5, 4, 14};
+  bad_docs.docs.cu_seqlens_host = bad_docs.cu_host.data();
+  EXPECT_TRUE(Fails(bad_docs.validate(), kInvalid, "docs.cu_seqlens_host"));
+  BackwardCall d96;
+  for (flamia_tensor* t : {&d96.q, &d96.k, &d96.v, &d96.o, &d96.dout, &d96.dq, &d96.dk, &d96.dv})
+    *t = packed(reinterpret_cast<uintptr_t>(t->data), t->tokens, t->heads, 96);
+  EXPECT_TRUE(Fails(d96.validate(), kNotSupported, "head_dim"));
+}
+
+TEST(CapiValidation, BackwardWorkspaceLayout) {
+  for (const auto& [T, Hq, Hkv, D] :
+       std::vector<std::array<int64_t, 4>>{{1, 1, 1, 64}, {14, 4, 2, 64}, {1000, 32, 8, 128}, {777, 6, 3, 128}}) {
+    const BackwardWorkspace w = backward_workspace_layout(T, Hq, Hkv, D);
+    EXPECT_EQ(w.total % kWorkspaceAlignment, 0u);
+    const WorkspaceRegion regions[] = {w.q_codes,  w.k_codes,  w.v_codes,  w.g_codes,           w.q_scales,
+                                       w.k_scales, w.v_scales, w.g_scales, w.g_scale_prefix_max, w.delta};
+    const size_t need[] = {size_t(T * Hq * D), size_t(T * Hkv * D), size_t(T * Hkv * D), size_t(T * Hq * D),
+                           size_t(T * Hq),     size_t(T * Hkv),     size_t(T * Hkv),     size_t(T * Hq),
+                           size_t(T * Hq),     size_t(T * Hq) * sizeof(float)};
+    size_t end = 0;
+    for (size_t i = 0; i < std::size(regions); ++i) {
+      EXPECT_EQ(regions[i].offset % kWorkspaceAlignment, 0u) << i;
+      EXPECT_GE(regions[i].bytes, need[i]) << i;
+      EXPECT_GE(regions[i].offset, end) << i << ": regions must not overlap";
+      end = regions[i].offset + regions[i].bytes;
+    }
+    EXPECT_LE(end, w.total);
+    flamia_tensor q = packed(0x10000, T, Hq, D), k = packed(0x20000, T, Hkv, D), v = packed(0x30000, T, Hkv, D);
+    size_t bytes = 0;
+    flamia_error err;
+    ASSERT_EQ(flamia_backward_workspace_size(&q, &k, &v, &bytes, &err), FLAMIA_SUCCESS) << err.message;
+    EXPECT_EQ(bytes, w.total);
+  }
+  size_t bytes = 0;
+  Call d;
+  d.q.dim = d.k.dim = d.v.dim = 96;
+  EXPECT_EQ(flamia_backward_workspace_size(&d.q, &d.k, &d.v, &bytes, nullptr), kNotSupported);
+  EXPECT_EQ(flamia_backward_workspace_size(&d.q, &d.k, &d.v, nullptr, nullptr), kInvalid);
+
+  const BackwardWorkspace w = backward_workspace_layout(14, 4, 2, 64);
+  EXPECT_TRUE(check_workspace(w, fake_pointer(0x100000), w.total).ok());
+  EXPECT_TRUE(Fails(check_workspace(w, fake_pointer(0x100000), w.total - 1), FLAMIA_ERROR_WORKSPACE,
+                    "flamia_backward_workspace_size"));
+}
+
 TEST(CapiValidation, ReportTruncatesAndTerminates) {
   flamia_error err;
   std::memset(err.message, 'x', sizeof err.message);

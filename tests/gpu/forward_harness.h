@@ -1,6 +1,6 @@
-// Host harness for the GPU forward tests: uploads packed inputs, calls the C API, downloads O and
-// LSE into the CPU reference's types so the emulation, the FP64 reference and the probe can be
-// compared with the GPU side by side.
+// Host harness for the GPU tests: uploads packed inputs, calls the C API (forward, and forward +
+// backward), downloads O, LSE and the gradients into the CPU reference's types so the emulation,
+// the FP64 reference and the probe can be compared with the GPU side by side.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -141,6 +141,51 @@ struct ForwardCall {
     FLAMIA_CUDA_CHECK(cudaMemcpy(l.data(), lse.get(), l.size() * sizeof(float), cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < l.size(); ++i) out.lse.data[i] = l[i];
     return out;
+  }
+};
+
+// A whole training call: the forward above, then flamia_backward for the inputs' dout.
+struct TrainingCall : ForwardCall {
+  DeviceTensor dout, dq, dk, dv;
+  DeviceBuffer backward_workspace;
+
+  TrainingCall(const analysis::AttentionInputs& in, const NumericsOptions& opt, bool causal)
+      : ForwardCall(in, opt, causal) {
+    dout = upload_bf16(in.dout);
+    dq = empty_bf16(in.q.tokens, in.q.heads, in.q.dim);
+    dk = empty_bf16(in.k.tokens, in.k.heads, in.k.dim);
+    dv = empty_bf16(in.v.tokens, in.v.heads, in.v.dim);
+    size_t bytes = 0;
+    flamia_error err{};
+    if (flamia_backward_workspace_size(&q.desc, &k.desc, &v.desc, &bytes, &err) != FLAMIA_SUCCESS)
+      throw std::runtime_error(err.message);
+    backward_workspace = DeviceBuffer(bytes);
+  }
+
+  flamia_status launch_backward(cudaStream_t stream, flamia_error* err) {
+    return flamia_backward(&q.desc, &k.desc, &v.desc, &o.desc, static_cast<const float*>(lse.get()), &dout.desc, &docs,
+                           &options, &dq.desc, &dk.desc, &dv.desc, backward_workspace.get(),
+                           backward_workspace.bytes(), stream, err);
+  }
+
+  // Forward then backward on one stream (what a CUDA graph captures).
+  flamia_status launch_training(cudaStream_t stream, flamia_error* err) {
+    const flamia_status st = launch(stream, err);
+    return st != FLAMIA_SUCCESS ? st : launch_backward(stream, err);
+  }
+
+  struct Result {
+    analysis::ProbeOutputs forward;  // o, lse and dq
+    reference::PackedTensor dk, dv;
+  };
+
+  Result run_training() {
+    analysis::ProbeOutputs fwd = run();
+    flamia_error err{};
+    if (launch_backward(nullptr, &err) != FLAMIA_SUCCESS) throw std::runtime_error(std::string("flamia_backward: ") + err.message);
+    FLAMIA_CUDA_CHECK(cudaDeviceSynchronize());
+    fwd.dq = download_bf16(dq);
+    return {std::move(fwd), download_bf16(dk), download_bf16(dv)};
   }
 };
 

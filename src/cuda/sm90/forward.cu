@@ -15,7 +15,11 @@
 #include <cstdint>
 
 #include "core/tiling.h"
+#include "cuda/sm90/accumulator.cuh"
+#include "cuda/sm90/document_span.cuh"
 #include "cuda/sm90/forward.h"
+#include "cuda/sm90/fp8_math.cuh"
+#include "cuda/sm90/smem_stage.cuh"
 #include "cuda/sm90/wgmma.cuh"
 #include "formats/scales.h"
 
@@ -29,54 +33,17 @@ constexpr int kKeyTile = tiling::kFwdKeyTile;        // 128 keys per online-soft
 constexpr int kKeyBlocks = kKeyTile / 8;             // n8 blocks of S per tile
 static_assert(tiling::kFwdKeyTile % kQueryRows == 0, "a CTA's rows must share their diagonal key tile");
 
-__device__ __forceinline__ float nan_max(float a, float b) { return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
-
-constexpr int kNaNExponent = 1 << 20;  // stands for the UE8M0 NaN code in exponent arithmetic
-
-// 2^e, exact (built from the bits), for any integer e: 0 below the float range, NaN for the NaN marker.
-__device__ __forceinline__ float pow2i(int e) {
-  if (e >= kNaNExponent / 2) return __int_as_float(0x7fc00000);
-  if (e >= -126) return __int_as_float((e + 127) << 23);
-  return e >= -149 ? __int_as_float(1 << (e + 149)) : 0.f;
-}
-__device__ __forceinline__ int scale_exponent(uint8_t code) {
-  return formats::ue8m0_is_nan(code) ? kNaNExponent : formats::ue8m0_exponent(code);
-}
-__device__ __forceinline__ float pow2_of_scale(uint8_t code) { return pow2i(scale_exponent(code)); }
-
-// Two floats to two E4M3 codes (round to nearest even, saturating; NaN stays NaN), lo in the low byte.
-__device__ __forceinline__ uint32_t pack_e4m3x2(float lo, float hi) {
-  return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
-}
-
-// The S accumulator holds, for lane (g, t), keys 8nb + 2t + {0,1} of rows g and g+8. P.V's A operand
-// wants keys 4t..4t+3 and 16+4t..16+4t+3 of each 32-key step. The contraction is a sum, so instead of
-// shuffling P we permute the keys of the step: A position kappa = 16h + 4t' + e holds key
-// 16h + 8(e/2) + 2t' + e%2, and V^T is staged in shared memory with the same permutation.
-// (wgmma's register A fragment has mma.sync's m16n8k32 layout, one warp per 16 rows.)
-__host__ __device__ constexpr int permuted_key(int kappa) {
-  const int half = kappa >> 4, w = kappa & 15, t = w >> 2, e = w & 3;
-  return half * 16 + (e >> 1) * 8 + 2 * t + (e & 1);
-}
-
 // Row-group strides of the core-matrix tiles in shared memory (see wgmma.cuh).
 template <int D>
 struct SharedTiles {
-  static constexpr int kQKStride = 8 * D;         // Q and K: rows = tokens, K = D feature bytes
-  static constexpr int kVtStride = 8 * kKeyTile;  // V^T: rows = features, K = the tile's keys
+  static constexpr int kQKStride = kRowsFormStride<D>;             // Q and K: rows = tokens, K = features
+  static constexpr int kVtStride = kTransposedFormStride<kKeyTile>;  // V^T: rows = features, K = keys
   uint8_t q[kQueryRows * D];
   uint8_t k[kKeyTile * D];
   uint8_t vt[D * kKeyTile];
   float k_col[kKeyTile];  // 2^ek_j
   int v_exp[kKeyTile];    // ev_j
 };
-
-// Inverse of permuted_key within a 32-key step: the A position that holds `key`.
-__host__ __device__ constexpr int kappa_of_key(int key) {
-  const int half = key >> 4, r = key & 15, e = ((r >> 3) << 1) | (r & 1), t = (r & 7) >> 1;
-  return half * 16 + 4 * t + e;
-}
-static_assert(permuted_key(kappa_of_key(13)) == 13 && permuted_key(kappa_of_key(22)) == 22, "inverse permutation");
 
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParams p) {
@@ -87,10 +54,7 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
   const int doc = blockIdx.y, h = blockIdx.z;
   const int q_tiles = gridDim.x;
   const int tile = q_tiles - 1 - blockIdx.x;  // later (costlier, causal) tiles launch first
-  int doc_begin = p.cu_seqlens[doc], doc_end = p.cu_seqlens[doc + 1];
-  doc_begin = min(max(doc_begin, 0), p.total_tokens);  // garbage cu_seqlens cannot index out of bounds
-  doc_end = min(max(doc_end, doc_begin), p.total_tokens);
-  const int len = doc_end - doc_begin;
+  const auto [doc_begin, doc_end, len] = document_span(p.cu_seqlens, doc, p.total_tokens);
   const int q0 = tile * kQueryRows;
   if (q0 >= len) return;
   const int kvh = h / (p.q_heads / p.kv_heads);
@@ -114,17 +78,11 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
   }
 
   // Stage the CTA's Q rows (zeros past the document end) in the core-matrix layout, once.
-  constexpr int kChunks = D / 16;
-  for (int c = threadIdx.x; c < kQueryRows * kChunks; c += blockDim.x) {
-    const int row = c % kQueryRows, chunk = c / kQueryRows;  // a warp: 32 rows of one chunk
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (q0 + row < len) v = *reinterpret_cast<const uint4*>(p.q_codes + (size_t(doc_begin + q0 + row) * p.q_heads + h) * D + chunk * 16);
-    *reinterpret_cast<uint4*>(sm.q + core_matrix_offset(row, chunk * 16, kQKStride)) = v;
-  }
+  stage_code_tile<D, kQueryRows>(p.q_codes + (int64_t(doc_begin + q0) * p.q_heads + h) * D, int64_t(p.q_heads) * D,
+                                 len - q0, sm.q, nullptr);
 
   float o_acc[D / 2];  // the m64nD accumulator: [n8 block][4] flattened
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.f;
+  zero(o_acc);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
   const int last_row = min(q0 + kQueryRows, len) - 1;
@@ -134,22 +92,9 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
     __syncthreads();  // the previous tile's readers (and wgmmas, waited for below) are done
     // K codes as they are (rows = keys); V codes transposed to rows = features with the keys of
     // each 32-key step in the P operand's permuted order (P.V's B operand is K-major: keys).
-    // A warp takes 32 keys of one 16-feature chunk, so its byte stores into V^T spread over the
-    // banks of one 32-key step instead of piling onto one bank per feature group.
-    for (int c = threadIdx.x; c < kKeyTile * kChunks; c += blockDim.x) {
-      const int key = c % kKeyTile, chunk = c / kKeyTile;
-      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-      if (k0 + key < len) {
-        const size_t off = (size_t(doc_begin + k0 + key) * p.kv_heads + kvh) * D + chunk * 16;
-        kv = *reinterpret_cast<const uint4*>(p.k_codes + off);
-        vv = *reinterpret_cast<const uint4*>(p.v_codes + off);
-      }
-      *reinterpret_cast<uint4*>(sm.k + core_matrix_offset(key, chunk * 16, kQKStride)) = kv;
-      const int kappa = (key & ~31) + kappa_of_key(key & 31);
-      const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&vv);
-#pragma unroll
-      for (int j = 0; j < 16; ++j) sm.vt[core_matrix_offset(chunk * 16 + j, kappa, kVtStride)] = bytes[j];
-    }
+    const int64_t kv_offset = (int64_t(doc_begin + k0) * p.kv_heads + kvh) * D, kv_pitch = int64_t(p.kv_heads) * D;
+    stage_code_tile<D, kKeyTile>(p.k_codes + kv_offset, kv_pitch, len - k0, sm.k, nullptr);
+    stage_code_tile<D, kKeyTile>(p.v_codes + kv_offset, kv_pitch, len - k0, nullptr, sm.vt);
     for (int key = threadIdx.x; key < kKeyTile; key += blockDim.x) {
       const bool in_doc = k0 + key < len;
       const size_t s = size_t(doc_begin + (in_doc ? k0 + key : 0)) * p.kv_heads + kvh;
@@ -186,19 +131,14 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
     float alpha[2], m_new[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      tile_max[r] = nan_max(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
-      tile_max[r] = nan_max(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
+      tile_max[r] = quad_nan_max(tile_max[r]);
       m_new[r] = nan_max(m[r], tile_max[r]);
       // A row with nothing visible yet keeps m = -inf; its p are all 0.
       alpha[r] = m[r] == -INFINITY ? (m_new[r] == -INFINITY ? 1.f : 0.f) : exp2f(m[r] - m_new[r]);
       l[r] *= alpha[r];
       m[r] = m_new[r];
     }
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o_acc[4 * n + 0] *= alpha[0], o_acc[4 * n + 1] *= alpha[0];
-      o_acc[4 * n + 2] *= alpha[1], o_acc[4 * n + 3] *= alpha[1];
-    }
+    scale_rows(o_acc, alpha);
 
     // p = 2^(s - m); l sums unrounded p; P~ = E4M3(p 2^ev_j 2^(boost - rho_i)) packed as P.V's A operand.
     uint32_t pa[kKeyTile / 32][4];
@@ -220,11 +160,7 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
           pf[b][e] = visible ? pe * pow2i(k_exp) : 0.f;
         }
       }
-      // A registers: {row g, kappa 4t..}, {row g+8, kappa 4t..}, {row g, kappa 16+4t..}, {row g+8, ...}
-      pa[kk][0] = pack_e4m3x2(pf[0][0], pf[0][1]) | (pack_e4m3x2(pf[1][0], pf[1][1]) << 16);
-      pa[kk][1] = pack_e4m3x2(pf[0][2], pf[0][3]) | (pack_e4m3x2(pf[1][2], pf[1][3]) << 16);
-      pa[kk][2] = pack_e4m3x2(pf[2][0], pf[2][1]) | (pack_e4m3x2(pf[3][0], pf[3][1]) << 16);
-      pa[kk][3] = pack_e4m3x2(pf[2][2], pf[2][3]) | (pack_e4m3x2(pf[3][2], pf[3][3]) << 16);
+      pack_a_step(pf, pa[kk]);
     }
 
     // O += P~ . V codes on the tensor cores, B = V^T from shared memory.
@@ -243,22 +179,14 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
 
   // Finish: full row sums across the 4 lanes of a row, then O and LSE.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
-  }
+  for (int r = 0; r < 2; ++r) l[r] = quad_sum(l[r]);
   auto* o = static_cast<__nv_bfloat16*>(p.o);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (!row_valid[r]) continue;
     const int tok = doc_begin + rows[r];
     const float f = out_factor[r] / l[r];
-    __nv_bfloat16* orow = o + tok * p.o_stride_token + h * p.o_stride_head;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      const __nv_bfloat162 v2 = __floats2bfloat162_rn(o_acc[4 * n + 2 * r] * f, o_acc[4 * n + 2 * r + 1] * f);
-      *reinterpret_cast<__nv_bfloat162*>(orow + n * 8 + 2 * t) = v2;
-    }
+    store_row_bf16(o_acc, r, f, o + tok * p.o_stride_token + h * p.o_stride_head, t);
     if (t == 0) p.lse[size_t(h) * p.total_tokens + tok] = (m[r] + log2f(l[r])) * 0.6931471805599453f;
   }
 }

@@ -1,29 +1,36 @@
 #!/usr/bin/env python3
-"""Forward benchmark of flamia against the attention kernels a user would pick instead.
+"""Benchmark of flamia against the attention kernels a user would pick instead: the forward
+(--pass forward, default) or the whole training call (--pass train: forward + backward).
 
 DESIGN.md section 5: the nine packed causal workloads of bench/workloads.py (T = 65,536 packed
 tokens, Hq = 16, Hkv = 16 or 4 for the GQA row, D = 128, causal, random normal BF16 inputs), each
 implementation timed as the median of --rounds calls after --warmup calls, in one process:
 
-  flamia          flamia.attention, MXFP8, eager (quantization of q, k, v included)
-  flamia-graph    the same call captured once in a CUDA graph and replayed
+  flamia          flamia.attention, MXFP8, eager (quantization of q, k, v (and dO) included)
+  flamia-prefix   the same with isolation="prefix" (strict prefix isolation)
+  flamia-graph    the flamia call captured once in a CUDA graph and replayed
   cudnn-sdpa      cuDNN BF16 SDPA through torch, batched [B, H, L, D] (equal lengths only)
   fa2-varlen      FA2 varlen through torch.nn.attention.varlen.varlen_attn
   flex            FlexAttention (torch.compile) with a document-causal block mask (built once)
   jax-cudnn-bf16  cuDNN BF16 through JAX, packed rows (segment offsets) in one call
-  jax-cudnn-fp8   cuDNN FP8 forward through JAX, per-tensor scales, batched (equal lengths only);
-                  its inputs are E4M3 already (their quantization is not timed)
+  jax-cudnn-fp8   cuDNN FP8 through JAX, per-tensor scales, batched (equal lengths only); its
+                  inputs are E4M3 already (their quantization is not timed)
 
 torch implementations are timed with CUDA events on the current stream, JAX ones with the wall
 clock around block_until_ready of one jitted call. TFLOP/s count visible pairs only:
-4 * D * pairs * Hq / time. Every baseline runs in its own try/except: one that cannot run records
-'unsupported: <reason>' and the run goes on. Each output is compared with flamia's (cosine), so a
-baseline computing a different mask shows up.
+4 * D * pairs * Hq / time for the forward, 3.5 times that for a training call (the backward
+counted as 2.5 forwards). A training call is torch.autograd.grad of the output (in the packed
+[T, Hq, D] layout) for a fixed random dO, or jax.vjp, so every implementation returns dq, dk, dv.
+Peak memory is the torch allocator's peak during one call above what was allocated before it
+(torch implementations only). Every baseline runs in its own try/except: one that cannot run
+records 'unsupported: <reason>' and the run goes on. Each output (forward: o; train: dq) is
+compared with flamia's (cosine), so a baseline computing a different mask shows up.
 
 Usage (repo root, GPU machine, after `pip install --no-build-isolation --no-deps .`, or with
 PYTHONPATH=python FLAMIA_CAPI_LIB=build-gpu/libflamia_capi.so):
-  python3 bench/bench_forward.py [--workloads 16x4096,longtail] [--rounds 20] [--warmup 3]
-                                 [--impls flamia,fa2-varlen] [--json out.json] [--markdown out.md]
+  python3 bench/bench_attention.py [--pass train] [--workloads 16x4096,longtail] [--rounds 20]
+                                   [--warmup 3] [--impls flamia,fa2-varlen] [--json out.json]
+                                   [--markdown out.md]
 """
 
 import argparse
@@ -50,14 +57,15 @@ import workloads as W  # noqa: E402
 
 IMPLS = {
     "flamia": "flamia MXFP8, eager (incl. quantization)",
+    "flamia-prefix": "flamia MXFP8, isolation=prefix, eager",
     "flamia-graph": "flamia MXFP8, CUDA graph replay",
     "cudnn-sdpa": "cuDNN BF16 SDPA (torch, batched; equal lengths)",
     "fa2-varlen": "FA2 varlen (torch.nn.attention.varlen)",
     "flex": "FlexAttention + document mask (torch.compile)",
     "jax-cudnn-bf16": "cuDNN BF16 (JAX, packed segment offsets)",
-    "jax-cudnn-fp8": "cuDNN FP8 fwd (JAX, per-tensor scales; equal lengths)",
+    "jax-cudnn-fp8": "cuDNN FP8 (JAX, per-tensor scales; equal lengths)",
 }
-FLAMIA_IMPLS = ("flamia", "flamia-graph")
+FLAMIA_IMPLS = ("flamia", "flamia-prefix", "flamia-graph")
 BF16_BASELINES = ("cudnn-sdpa", "fa2-varlen", "flex", "jax-cudnn-bf16")
 FP8_BASELINE = "jax-cudnn-fp8"
 COSINE_WARN = 0.99  # an output this far from flamia's computes something else
@@ -137,39 +145,57 @@ def time_jax(jax, fn, args, rounds, warmup):
 # One workload's shared state.
 
 class Case:
-    def __init__(self, torch, name, workload, seed):
+    def __init__(self, torch, name, workload, seed, train=False):
         self.name = name
         self.lens = list(workload["lens"])
         self.hq, self.hkv, self.d = W.Q_HEADS, W.kv_heads(workload), W.HEAD_DIM
         self.t = W.TOTAL
         self.max_len = max(self.lens)
         self.pairs = W.pairs(self.lens)
-        self.flops = W.forward_flops(self.lens, self.hq, self.d)
+        self.train = train
+        self.flops = W.forward_flops(self.lens, self.hq, self.d) * (TRAIN_FLOP_FACTOR if train else 1.0)
         self.scale = 1.0 / math.sqrt(self.d)
         g = torch.Generator(device="cuda").manual_seed(seed)
         self.q = torch.randn(self.t, self.hq, self.d, generator=g, device="cuda", dtype=torch.bfloat16)
         self.k = torch.randn(self.t, self.hkv, self.d, generator=g, device="cuda", dtype=torch.bfloat16)
         self.v = torch.randn(self.t, self.hkv, self.d, generator=g, device="cuda", dtype=torch.bfloat16)
+        self.dout = torch.randn(self.t, self.hq, self.d, generator=g, device="cuda", dtype=torch.bfloat16)
+        if train:  # views taken by the setups below then carry gradients back to these leaves
+            for t in (self.q, self.k, self.v):
+                t.requires_grad_(True)
         self.cu = torch.tensor(W.cu_seqlens(self.lens), dtype=torch.int32, device="cuda")
         self.equal = W.equal_lengths(self.lens)
-        self.reference_o = None  # flamia's output, for the cosine check of every baseline
+        self.reference_o = None  # flamia's output (o, or dq when training), for the cosine checks
+
+
+TRAIN_FLOP_FACTOR = 3.5  # forward + backward, the backward counted as 2.5 forwards
+
+
+def training_call(torch, case, fn, to_packed):
+    """A training call from a forward: (dq, dk, dv) of to_packed(fn()) for the fixed dO."""
+    def train():
+        return torch.autograd.grad(to_packed(fn()), (case.q, case.k, case.v), case.dout)
+    return train, lambda grads: grads[0]
 
 
 # ---------------------------------------------------------------------------------------------
 # Implementations: each returns (fn, to_packed) for torch, or raises Unsupported.
 # to_packed(out) turns the implementation's output into a [T, Hq, D] torch tensor.
 
-def setup_flamia(torch, flamia, case):
+def setup_flamia(torch, flamia, case, **kwargs):
     def fn():
         return flamia.attention(case.q, case.k, case.v, case.cu, case.max_len, causal=True,
-                                softmax_scale=case.scale)
+                                softmax_scale=case.scale, **kwargs)
     return fn, lambda out: out
 
 
+def setup_flamia_prefix(torch, flamia, case):
+    return setup_flamia(torch, flamia, case, isolation="prefix")
+
+
 def setup_flamia_graph(torch, flamia, case):
-    def call():
-        return flamia.attention(case.q, case.k, case.v, case.cu, case.max_len, causal=True,
-                                softmax_scale=case.scale)
+    forward, _ = setup_flamia(torch, flamia, case)
+    call, to_packed = training_call(torch, case, forward, lambda o: o) if case.train else (forward, lambda o: o)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -186,7 +212,8 @@ def setup_flamia_graph(torch, flamia, case):
         return static_o
 
     fn.graph = graph  # keep the graph alive with the closure
-    return fn, lambda out: out
+    fn.captured = True  # already a training call when case.train
+    return fn, to_packed
 
 
 def setup_cudnn_sdpa(torch, flamia, case):
@@ -211,12 +238,19 @@ def setup_cudnn_sdpa(torch, flamia, case):
     if case.hkv != case.hq:
         try:
             fn = make(q, k, v, {"enable_gqa": True})
-            fn()
+            out = fn()
+            if case.train:
+                out.backward(torch.ones_like(out))
         except Exception as exc:  # cuDNN through torch may not take enable_gqa: repeat K and V
-            log(f"bench:   cudnn-sdpa: enable_gqa failed ({short(exc)}); repeating K/V heads")
-            group = case.hq // case.hkv
-            fn = make(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), {})
+            log(f"bench:   cudnn-sdpa: enable_gqa failed ({short(exc)}); repeating K/V heads inside the call")
+            fn = make_repeated(make, q, k, v, case.hq // case.hkv)
     return fn, lambda out: out.transpose(1, 2).reshape(case.t, case.hq, case.d)
+
+
+def make_repeated(make, q, k, v, group):
+    def fn():
+        return make(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), {})()
+    return fn
 
 
 def setup_fa2_varlen(torch, flamia, case):
@@ -304,6 +338,7 @@ def import_jax():
 def torch_to_jax(torch, jax, jnp, t):
     """A BF16 torch CUDA tensor as a JAX array on the GPU (zero-copy through DLPack when possible)."""
     torch.cuda.synchronize()
+    t = t.detach()  # the training benchmark's inputs require grad
     try:
         return jax.dlpack.from_dlpack(t.contiguous())
     except Exception:
@@ -402,8 +437,43 @@ def setup_jax_cudnn_fp8(torch, flamia, case):
     return jf, (q, k, v, fp8_params), to_packed, "inputs pre-quantized to E4M3 (not timed); scale_s 256"
 
 
+def jax_training_call(torch, case, jf, args):
+    """A training call from a jitted JAX forward jf(q, k, v, *rest): jax.vjp for the fixed dO,
+    returning (dq, dk, dv); to_packed gives dq as [T, Hq, D]."""
+    jax, jnp, _ = import_jax()
+    out = jax.block_until_ready(jf(*args))
+    dout = torch_to_jax(torch, jax, jnp, case.dout).reshape(out.shape).astype(out.dtype)
+    rest = tuple(args[3:])
+
+    def train(q, k, v, dout, *rest):
+        _, vjp = jax.vjp(lambda q, k, v: jf(q, k, v, *rest), q, k, v)
+        return vjp(dout)
+
+    jt = jax.jit(train)
+    targs = (*args[:3], dout, *rest)
+    jax.block_until_ready(jt(*targs))
+
+    def to_packed(grads):
+        return jax_to_torch(torch, jax, grads[0].astype(jnp.bfloat16)).reshape(case.t, case.hq, case.d)
+
+    return jt, targs, to_packed
+
+
+def peak_memory_mib(torch, fn):
+    """The torch allocator's peak during one fn() call above what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return peak / 2**20
+
+
 TORCH_SETUPS = {
     "flamia": setup_flamia,
+    "flamia-prefix": setup_flamia_prefix,
     "flamia-graph": setup_flamia_graph,
     "cudnn-sdpa": setup_cudnn_sdpa,
     "fa2-varlen": setup_fa2_varlen,
@@ -426,11 +496,18 @@ def run_impl(torch, flamia, case, impl, args):
     try:
         if impl in TORCH_SETUPS:
             fn, to_packed = TORCH_SETUPS[impl](torch, flamia, case)
+            if case.train and not getattr(fn, "captured", False):
+                fn, to_packed = training_call(torch, case, fn, to_packed)
+            for t in (case.q, case.k, case.v):
+                t.grad = None  # a setup's trial backward may have left some
+            result["peak_mib"] = peak_memory_mib(torch, fn)
             ms, times, out = time_torch(torch, fn, args.rounds, args.warmup)
             note = ""
         else:
             torch.cuda.synchronize()
             jf, jargs, to_packed, note = JAX_SETUPS[impl](torch, flamia, case)
+            if case.train:
+                jf, jargs, to_packed = jax_training_call(torch, case, jf, jargs)
             import jax
             ms, times, out = time_jax(jax, jf, jargs, args.rounds, args.warmup)
         result.update(ms=ms, tflops=case.flops / (ms * 1e-3) / 1e12, times_ms=[round(t, 4) for t in times])
@@ -481,24 +558,29 @@ def summarize(row):
             best_name, best_tf = name, tf
     row["best_bf16"] = best_name
     row["ratio_vs_best_bf16"] = flamia_tf / best_tf if flamia_tf and best_tf else None
-    fp8_tf = tflops(FP8_BASELINE)
+    fp8_tf = tflops(FP8_BASELINE) if not impls.get(FP8_BASELINE, {}).get("warning") else None
     row["ratio_vs_cudnn_fp8"] = flamia_tf / fp8_tf if flamia_tf and fp8_tf else None
+    prefix_tf = tflops("flamia-prefix")
+    row["prefix_time_ratio"] = flamia_tf / prefix_tf if flamia_tf and prefix_tf else None  # prefix ms / default ms
 
 
 def markdown(meta, rows, impls):
+    train = meta["pass"] == "train"
+    flops = ("3.5 * 4 * D * pairs * Hq: forward + backward, the backward counted as 2.5 forwards" if train
+             else "4 * D * pairs * Hq")
     lines = [
-        "# flamia forward benchmark",
+        f"# flamia {'training-call (forward + backward)' if train else 'forward'} benchmark",
         "",
         f"{meta['gpu']}; torch {meta['torch']}; jax {meta.get('jax', 'n/a')}; cuDNN (torch) {meta['cudnn_torch']}; "
         f"{meta['date']}",
         "",
         f"T = {W.TOTAL} packed tokens, Hq = {W.Q_HEADS}, D = {W.HEAD_DIM}, causal, BF16 in/out; median of "
         f"{meta['rounds']} rounds after {meta['warmup']} warm-up calls. Cells: ms / TFLOP/s "
-        "(visible pairs: 4 * D * pairs * Hq). Ratios are flamia's (eager) TFLOP/s over the best BF16 "
-        "baseline's and over cuDNN FP8's.",
+        f"(visible pairs: {flops}). Ratios are flamia's (eager) TFLOP/s over the best BF16 "
+        "baseline's and over cuDNN FP8's; 'prefix / default' is the time of isolation=prefix over the default's.",
         "",
     ]
-    header = ["workload", "docs"] + list(impls) + ["flamia / best BF16", "flamia / cuDNN FP8"]
+    header = ["workload", "docs"] + list(impls) + ["flamia / best BF16", "flamia / cuDNN FP8", "prefix / default"]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "|".join(["---"] * len(header)) + "|")
     notes = []
@@ -521,8 +603,24 @@ def markdown(meta, rows, impls):
         cells.append(f"{best:.2f} ({row['best_bf16']})" if best else "-")
         fp8 = row.get("ratio_vs_cudnn_fp8")
         cells.append(f"{fp8:.2f}" if fp8 else "-")
+        prefix = row.get("prefix_time_ratio")
+        cells.append(f"{prefix:.2f}" if prefix else "-")
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    memory_impls = [i for i in impls if i in TORCH_SETUPS]
+    if memory_impls:
+        lines.append("Peak GPU memory of one call (MiB above what was allocated before it; torch allocator, so "
+                     "JAX is not measured; a CUDA graph's memory is taken at capture):")
+        lines.append("")
+        lines.append("| workload | " + " | ".join(memory_impls) + " |")
+        lines.append("|" + "|".join(["---"] * (len(memory_impls) + 1)) + "|")
+        for row in rows:
+            cells = [row["workload"]]
+            for impl in memory_impls:
+                r = row["impls"].get(impl, {})
+                cells.append(f"{r['peak_mib']:.0f}" if r.get("status") == "ok" and "peak_mib" in r else "-")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
     lines.append("Implementations: " + "; ".join(f"`{k}` = {IMPLS[k]}" for k in impls) + ".")
     if notes:
         lines.append("")
@@ -555,6 +653,8 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Workloads: " + ", ".join(W.WORKLOADS) + "\nImplementations: " +
                                 ", ".join(IMPLS))
+    p.add_argument("--pass", dest="pass_", choices=("forward", "train"), default="forward",
+                   help="forward only, or the whole training call (forward + backward); default forward")
     p.add_argument("--workloads", default="all",
                    help="comma-separated workload names (default: all nine)")
     p.add_argument("--impls", default="all", help="comma-separated implementations (default: all)")
@@ -592,7 +692,7 @@ def main(argv=None):
         return 2
     flamia = import_flamia()
     meta = environment(torch)
-    meta.update(rounds=args.rounds, warmup=args.warmup, seed=args.seed, tokens=W.TOTAL, q_heads=W.Q_HEADS,
+    meta.update(rounds=args.rounds, warmup=args.warmup, **{"pass": args.pass_}, seed=args.seed, tokens=W.TOTAL, q_heads=W.Q_HEADS,
                 head_dim=W.HEAD_DIM, implementations={k: IMPLS[k] for k in args.impl_names})
     log(f"bench: {meta['gpu']} (sm_{meta['capability']}), torch {meta['torch']}, jax {meta['jax']}")
 
@@ -603,7 +703,7 @@ def main(argv=None):
     rows = []
     for name in args.workload_names:
         workload = W.WORKLOADS[name]
-        case = Case(torch, name, workload, args.seed)
+        case = Case(torch, name, workload, args.seed, train=args.pass_ == "train")
         log(f"bench: {name}: {len(case.lens)} docs, max {case.max_len}, Hkv {case.hkv}, "
             f"pairs {case.pairs:,}, {case.flops / 1e12:.2f} TFLOP")
         row = {"workload": name, "docs": len(case.lens), "max_len": case.max_len, "pairs": case.pairs,

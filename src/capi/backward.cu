@@ -1,0 +1,94 @@
+// flamia_backward: validate, carve the caller's workspace, quantize Q, K, V (bitwise the codes the
+// forward used) and dO, build dO's running scale max and D_i, then run the dK dV and dQ kernels,
+// all asynchronously on the caller's stream. No allocation, no host synchronization and no
+// device-to-host copy, so the call can be captured in a CUDA graph.
+#include <cuda_runtime.h>
+
+#include <exception>
+#include <string>
+
+#include "capi/cuda_call.h"
+#include "capi/validate.h"
+#include "cuda/quant/quantize_mxfp8.cuh"
+#include "cuda/sm90/backward.h"
+#include "flamia/flamia.h"
+
+namespace flamia::capi {
+namespace {
+
+CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v, const flamia_tensor* o,
+                   const float* lse, const flamia_tensor* dout, const flamia_documents* docs,
+                   const flamia_options* options, flamia_tensor* dq, flamia_tensor* dk, flamia_tensor* dv,
+                   void* workspace, size_t workspace_bytes, void* stream) {
+  if (CallError e = validate_backward(q, k, v, o, lse, dout, docs, options, dq, dk, dv); !e.ok()) return e;
+  const BackwardWorkspace ws = backward_workspace_layout(q->tokens, q->heads, k->heads, q->dim);
+  if (CallError e = check_workspace(ws, workspace, workspace_bytes); !e.ok()) return e;
+  if (CallError e = check_device(); !e.ok()) return e;
+
+  // validate_backward bounds T * H * D by 2^31 - 1, so every extent fits an int.
+  const int T = int(q->tokens), Hq = int(q->heads), Hkv = int(k->heads), D = int(q->dim);
+  const NumericsOptions numerics = numerics_options(*options);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  uint8_t* const base = static_cast<uint8_t*>(workspace);
+  auto region = [base](const WorkspaceRegion& r) { return base + r.offset; };
+
+  if (CallError e = quantize_operand(*q, *docs, numerics, region(ws.q_codes), region(ws.q_scales), s, "q"); !e.ok()) return e;
+  if (CallError e = quantize_operand(*k, *docs, numerics, region(ws.k_codes), region(ws.k_scales), s, "k"); !e.ok()) return e;
+  if (CallError e = quantize_operand(*v, *docs, numerics, region(ws.v_codes), region(ws.v_scales), s, "v"); !e.ok()) return e;
+  if (CallError e = quantize_operand(*dout, *docs, numerics, region(ws.g_codes), region(ws.g_scales), s, "dout"); !e.ok())
+    return e;
+  // The dV fold reference gamma is the document's largest dO exponent: the running max at its end.
+  if (const cudaError_t err = cuda::launch_prefix_max_scales(region(ws.g_scales), T, Hq, docs->cu_seqlens,
+                                                             docs->num_docs, region(ws.g_scale_prefix_max), s);
+      err != cudaSuccess)
+    return cuda_error("dout's running scale max (launch_prefix_max_scales)", err);
+
+  cuda::sm90::BackwardParams p{};
+  p.q_codes = region(ws.q_codes), p.q_scales = region(ws.q_scales);
+  p.k_codes = region(ws.k_codes), p.k_scales = region(ws.k_scales);
+  p.v_codes = region(ws.v_codes), p.v_scales = region(ws.v_scales);
+  p.g_codes = region(ws.g_codes), p.g_scales = region(ws.g_scales);
+  p.g_scale_prefix_max = region(ws.g_scale_prefix_max);
+  p.o = o->data, p.o_stride_token = o->stride_token, p.o_stride_head = o->stride_head;
+  p.lse = lse;
+  p.delta = reinterpret_cast<float*>(region(ws.delta));
+  p.dq = dq->data, p.dq_stride_token = dq->stride_token, p.dq_stride_head = dq->stride_head;
+  p.dk = dk->data, p.dk_stride_token = dk->stride_token, p.dk_stride_head = dk->stride_head;
+  p.dv = dv->data, p.dv_stride_token = dv->stride_token, p.dv_stride_head = dv->stride_head;
+  p.cu_seqlens = docs->cu_seqlens;
+  p.num_docs = docs->num_docs, p.max_seqlen = docs->max_seqlen, p.total_tokens = T;
+  p.q_heads = Hq, p.kv_heads = Hkv, p.head_dim = D;
+  p.softmax_scale = resolved_softmax_scale(*options, D);
+  p.p_boost_log2 = options->p_boost_log2;
+  p.causal = options->causal == 1;
+
+  const std::pair<int (*)(const cuda::sm90::BackwardParams&, void*), const char*> passes[] = {
+      {cuda::sm90::launch_backward_prep, "the backward prep kernel (launch_backward_prep)"},
+      {cuda::sm90::launch_backward_dkdv, "the dK dV kernel (launch_backward_dkdv)"},
+      {cuda::sm90::launch_backward_dq, "the dQ kernel (launch_backward_dq)"}};
+  for (const auto& [launch, what] : passes) {
+    cudaError_t err = static_cast<cudaError_t>(launch(p, stream));
+    if (err == cudaSuccess) err = cudaGetLastError();
+    if (err != cudaSuccess) return cuda_error(what, err);
+  }
+  return CallError::success();
+}
+
+}  // namespace
+}  // namespace flamia::capi
+
+extern "C" flamia_status flamia_backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
+                                         const flamia_tensor* o, const float* lse, const flamia_tensor* dout,
+                                         const flamia_documents* docs, const flamia_options* options,
+                                         flamia_tensor* dq, flamia_tensor* dk, flamia_tensor* dv, void* workspace,
+                                         size_t workspace_bytes, void* stream, flamia_error* error) {
+  try {
+    return flamia::capi::report(flamia::capi::backward(q, k, v, o, lse, dout, docs, options, dq, dk, dv, workspace,
+                                                       workspace_bytes, stream),
+                                error);
+  } catch (const std::exception& e) {
+    return flamia::capi::report({FLAMIA_ERROR_INVALID_ARGUMENT, std::string("internal error: ") + e.what()}, error);
+  } catch (...) {
+    return flamia::capi::report({FLAMIA_ERROR_INVALID_ARGUMENT, "internal error"}, error);
+  }
+}

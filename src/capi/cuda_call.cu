@@ -1,0 +1,53 @@
+#include "capi/cuda_call.h"
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "cuda/quant/quantize_mxfp8.cuh"
+
+namespace flamia::capi {
+
+CallError cuda_error(const std::string& what, cudaError_t err) {
+  return {FLAMIA_ERROR_CUDA, what + " failed: " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err)};
+}
+
+CallError check_device() {
+  int device = 0;
+  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
+    if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) {
+      cudaGetLastError();  // reported here; do not leave it for the caller's next check
+      return {FLAMIA_ERROR_NOT_SUPPORTED,
+              std::string("no usable CUDA device (") + cudaGetErrorString(err) + "): flamia needs an sm_90a GPU"};
+    }
+    return cuda_error("cudaGetDevice", err);
+  }
+  int major = 0, minor = 0;
+  if (const cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); err != cudaSuccess)
+    return cuda_error("cudaDeviceGetAttribute(compute capability major)", err);
+  if (const cudaError_t err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device); err != cudaSuccess)
+    return cuda_error("cudaDeviceGetAttribute(compute capability minor)", err);
+  if (major != 9 || minor != 0) {
+    return {FLAMIA_ERROR_NOT_SUPPORTED, "the current device " + std::to_string(device) + " is sm_" +
+                                            std::to_string(major) + std::to_string(minor) +
+                                            "; this build has kernels for sm_90a (Hopper) only"};
+  }
+  return CallError::success();
+}
+
+CallError quantize_operand(const flamia_tensor& t, const flamia_documents& docs, const NumericsOptions& numerics,
+                           uint8_t* codes, uint8_t* scales, cudaStream_t stream, const char* name) {
+  // The validators bound T * H * D by 2^31 - 1, so every extent fits an int.
+  const cudaError_t err = cuda::launch_quantize_mxfp8(
+      static_cast<const __nv_bfloat16*>(t.data), t.stride_token, t.stride_head, int(t.tokens), int(t.heads),
+      int(t.dim), docs.cu_seqlens, docs.num_docs, docs.max_seqlen, numerics.effective_geometry(),
+      numerics.scale_rule, codes, scales, stream);
+  if (err != cudaSuccess) return cuda_error(std::string("quantizing ") + name + " (launch_quantize_mxfp8)", err);
+  return CallError::success();
+}
+
+float resolved_softmax_scale(const flamia_options& options, int head_dim) {
+  return options.softmax_scale > 0.0f ? options.softmax_scale : float(1.0 / std::sqrt(double(head_dim)));
+}
+
+}  // namespace flamia::capi

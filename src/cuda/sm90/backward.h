@@ -1,0 +1,45 @@
+// Hopper MXFP8 attention backward: launcher interface (host-callable, no CUDA headers needed).
+//
+// Three passes, after Q, K, V and dO were quantized with the forward's groups and rule:
+//  1. prep:  D_i = 2^eg_i sum_f cg_if O_if per (token, query head), from dO's codes and the saved O;
+//  2. dK dV: one CTA per (document, 64-key block, KV head) owns its keys' dK and dV and walks the
+//            query heads of its group and the 64-query tiles that see its keys;
+//  3. dQ:    one CTA per (document, 64-query tile, query head) owns its rows' dQ and walks the
+//            128-key tiles its rows see.
+// Both main passes rebuild S and P from the forward's codes and LSE. Every output element has one
+// owner that sums in a fixed order, so the backward is deterministic (no atomics) and a row's dQ
+// is computed from that row's visible keys alone.
+#pragma once
+
+#include <cstdint>
+
+namespace flamia::cuda::sm90 {
+
+struct BackwardParams {
+  // E4M3 codes [T, H, D] and UE8M0 scales [T, H] (H = Hq for q and dout, Hkv for k and v).
+  const uint8_t *q_codes, *q_scales;
+  const uint8_t *k_codes, *k_scales;
+  const uint8_t *v_codes, *v_scales;
+  const uint8_t *g_codes, *g_scales;  // dO
+  const uint8_t* g_scale_prefix_max;  // [T, Hq]: running max of dO's scales within the document
+  const void* o;                      // BF16 [T, Hq, D], the saved forward output
+  int64_t o_stride_token, o_stride_head;
+  const float* lse;  // [Hq, T], natural log, the saved forward LSE
+  float* delta;      // [Hq, T]: D_i, written by the prep pass
+  void *dq, *dk, *dv;  // BF16 outputs [T, Hq, D], [T, Hkv, D], [T, Hkv, D] with the strides below
+  int64_t dq_stride_token, dq_stride_head, dk_stride_token, dk_stride_head, dv_stride_token, dv_stride_head;
+  const int32_t* cu_seqlens;
+  int num_docs, max_seqlen, total_tokens;
+  int q_heads, kv_heads, head_dim;
+  float softmax_scale;  // already resolved (never 0)
+  int p_boost_log2;
+  bool causal;
+};
+
+// Each returns the cudaError_t of its launch as an int (0 = success); head_dim must be 64 or 128.
+// They run in this order on one stream: prep, then dK dV and dQ (which only read what prep wrote).
+int launch_backward_prep(const BackwardParams& params, void* stream);
+int launch_backward_dkdv(const BackwardParams& params, void* stream);
+int launch_backward_dq(const BackwardParams& params, void* stream);
+
+}  // namespace flamia::cuda::sm90

@@ -1,0 +1,184 @@
+// GPU backward vs the CPU emulation (the spec), the FP64 reference (the accuracy bars) and the
+// isolation contract for dQ. The emulation's backward is fed the GPU's own forward outputs (O,
+// LSE), so the comparison isolates the backward kernels. They differ from the emulation only by
+// FP32 accumulation and exp2f: P and U are rebuilt in FP32, and the few values that land on the
+// other side of an E4M3 rounding boundary move single codes by one step (U = P (E - D) is a
+// difference, so its low bits are the least stable; dQ and dK feel that, dV hardly).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "analysis/metrics.h"
+#include "analysis/probe.h"
+#include "forward_harness.h"
+#include "reference/attention_fp64.h"
+#include "reference/mxfp8_route.h"
+
+namespace flamia::gpu_test {
+namespace {
+
+using analysis::compare;
+
+constexpr double kMinCosineVsEmulation = 0.9999;
+constexpr double kMaxRelL2VsEmulation = 1.5e-2;
+
+const std::vector<int> kAwkwardLengths = {1, 31, 32, 33, 127, 129, 1000, 4097};
+
+struct Case {
+  int q_heads, kv_heads, dim;
+  bool causal;
+  int config;  // index into analysis::default_numerics_configs() (rowcol U: the Hopper layout)
+};
+
+bool same_bits(const reference::PackedTensor& a, const reference::PackedTensor& b) {
+  return a.data.size() == b.data.size() && std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(double)) == 0;
+}
+
+class BackwardVsEmulation : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BackwardVsEmulation, MatchesTheEmulationAndMeetsTheBars) {
+  FLAMIA_REQUIRE_GPU();
+  const Case c = GetParam();
+  const NumericsOptions opt = analysis::default_numerics_configs()[c.config];
+  const auto in = analysis::random_inputs({kAwkwardLengths, c.q_heads, c.kv_heads, c.dim}, 4321 + c.config);
+  const reference::AttentionShape shape{.causal = c.causal};
+
+  TrainingCall call(in, opt, c.causal);
+  const auto gpu = call.run_training();
+  const auto qin = reference::quantize_inputs(in.q, in.k, in.v, in.docs, opt);
+  const reference::ForwardOutputs gpu_fwd{gpu.forward.o, gpu.forward.lse};
+  const auto emu = reference::mxfp8_backward(qin, gpu_fwd, in.dout, in.docs, shape, opt);
+  const auto exact_fwd = reference::reference_forward(in.q, in.k, in.v, in.docs, shape);
+  const auto exact = reference::reference_backward(in.q, in.k, in.v, exact_fwd.o, exact_fwd.lse, in.dout, in.docs, shape);
+
+  const std::pair<const char*, std::array<const reference::PackedTensor*, 3>> grads[] = {
+      {"dq", {&*gpu.forward.dq, &emu.dq, &exact.dq}},
+      {"dk", {&gpu.dk, &emu.dk, &exact.dk}},
+      {"dv", {&gpu.dv, &emu.dv, &exact.dv}}};
+  for (const auto& [name, t] : grads) {
+    const auto vs_emu = compare(t[0]->data, t[1]->data), vs_ref = compare(t[0]->data, t[2]->data);
+    const auto emu_ref = compare(t[1]->data, t[2]->data);
+    RecordProperty(std::string("cos_") + name + "_vs_emulation", std::to_string(vs_emu.cosine));
+    RecordProperty(std::string("rel_l2_") + name + "_vs_emulation", std::to_string(vs_emu.rel_l2));
+    RecordProperty(std::string("cos_") + name + "_vs_fp64", std::to_string(vs_ref.cosine));
+    RecordProperty(std::string("cos_") + name + "_emulation_vs_fp64", std::to_string(emu_ref.cosine));
+    EXPECT_GE(vs_emu.cosine, kMinCosineVsEmulation) << name;
+    EXPECT_LE(vs_emu.rel_l2, kMaxRelL2VsEmulation) << name;
+    EXPECT_GE(vs_ref.cosine, 0.997) << name << " (DESIGN.md §4 bar)";
+    for (double x : t[0]->data) ASSERT_TRUE(std::isfinite(x)) << name << ": every element is written and finite";
+  }
+}
+
+std::vector<Case> backward_cases() {
+  std::vector<Case> cases;
+  cases.push_back({16, 4, 128, true, 0});  // GQA 16/4
+  for (int config = 1; config < 4; ++config) cases.push_back({8, 2, 128, true, config});  // GQA 8/2, every config
+  cases.push_back({16, 1, 128, true, 0});   // MQA
+  cases.push_back({4, 4, 64, true, 0});     // MHA, D = 64
+  cases.push_back({4, 2, 64, true, 3});     // prefix, D = 64
+  cases.push_back({8, 2, 128, false, 0});   // non-causal
+  cases.push_back({8, 2, 64, false, 2});    // non-causal, floor
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, BackwardVsEmulation, ::testing::ValuesIn(backward_cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           const Case& c = i.param;
+                           return "H" + std::to_string(c.q_heads) + "x" + std::to_string(c.kv_heads) + "_D" +
+                                  std::to_string(c.dim) + (c.causal ? "_causal" : "_full") + "_cfg" +
+                                  std::to_string(c.config);
+                         });
+
+// The isolation probe with dQ: prefix mode leaves dQ of rows <= i bitwise unchanged when the
+// suffix moves, other documents never reach it, and document mode does move (the probe is not blind).
+TEST(BackwardProbe, DqIsBitwiseStableInPrefixModeAndAcrossDocuments) {
+  FLAMIA_REQUIRE_GPU();
+  for (int kv_heads : {2, 1}) {
+    analysis::ProbeOptions o;
+    o.kv_heads = kv_heads;
+    const auto cases = analysis::run_probe(o, {}, [](const analysis::AttentionInputs& in, const NumericsOptions& opt) {
+      return TrainingCall(in, opt, true).run_training().forward;
+    });
+    std::string why;
+    EXPECT_TRUE(analysis::probe_passes(cases, &why)) << why;
+    bool saw_dq = false;
+    for (const auto& c : cases) {
+      RecordProperty(std::string(to_string(c.mode)) + "_" + c.control + "_" + c.tensor + "_kv" + std::to_string(kv_heads),
+                     std::to_string(c.max_abs_change));
+      if (c.tensor != "dq") continue;
+      saw_dq = true;
+      if (c.mode == Isolation::kPrefix || c.control == "other_document") EXPECT_TRUE(c.bitwise_equal) << c.control;
+      if (c.mode == Isolation::kDocument && c.control == "suffix") EXPECT_FALSE(c.bitwise_equal) << "probe is blind";
+    }
+    EXPECT_TRUE(saw_dq);
+  }
+}
+
+TEST(Backward, IsBitwiseRepeatableAndATrainingCallReplaysFromACudaGraph) {
+  FLAMIA_REQUIRE_GPU();
+  const auto in = analysis::random_inputs({{300, 77, 1000, 129}, 8, 2, 128}, 5);
+  TrainingCall call(in, NumericsOptions{}, true);
+  const auto first = call.run_training();
+  const auto second = call.run_training();
+  EXPECT_TRUE(same_bits(*first.forward.dq, *second.forward.dq));
+  EXPECT_TRUE(same_bits(first.dk, second.dk));
+  EXPECT_TRUE(same_bits(first.dv, second.dv));
+
+  cudaStream_t stream;
+  FLAMIA_CUDA_CHECK(cudaStreamCreate(&stream));
+  for (DeviceTensor* t : {&call.o, &call.dq, &call.dk, &call.dv})
+    FLAMIA_CUDA_CHECK(cudaMemset(t->buffer.get(), 0xFF, t->buffer.bytes()));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  flamia_error err{};
+  FLAMIA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  ASSERT_EQ(call.launch_training(stream, &err), FLAMIA_SUCCESS) << err.message;
+  FLAMIA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  FLAMIA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 3; ++rep) FLAMIA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  FLAMIA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  EXPECT_TRUE(same_bits(first.forward.o, download_bf16(call.o)));
+  EXPECT_TRUE(same_bits(*first.forward.dq, download_bf16(call.dq)));
+  EXPECT_TRUE(same_bits(first.dk, download_bf16(call.dk)));
+  EXPECT_TRUE(same_bits(first.dv, download_bf16(call.dv)));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(Backward, NonFiniteGradientStaysInsideItsDocument) {
+  FLAMIA_REQUIRE_GPU();
+  auto in = analysis::random_inputs({{200, 100}, 4, 4, 64}, 9);
+  in.dout.at(150, 0, 7) = NAN;  // document 0, query head 0
+  const auto gpu = TrainingCall(in, NumericsOptions{}, true).run_training();
+  for (int t = 200; t < 300; ++t) {
+    EXPECT_FALSE(std::isnan(gpu.forward.dq->at(t, 0, 0))) << "dq, document 1, row " << t;
+    EXPECT_FALSE(std::isnan(gpu.dk.at(t, 0, 0))) << "dk, document 1, row " << t;
+    EXPECT_FALSE(std::isnan(gpu.dv.at(t, 0, 0))) << "dv, document 1, row " << t;
+  }
+  for (int t = 0; t < 300; ++t) EXPECT_FALSE(std::isnan(gpu.dv.at(t, 1, 0))) << "kv head 1 never reads query head 0";
+  EXPECT_TRUE(std::isnan(gpu.dv.at(0, 0, 0))) << "the NaN reaches dV of its own document and head";
+}
+
+TEST(Backward, RejectsBadArgumentsWithoutLaunching) {
+  FLAMIA_REQUIRE_GPU();
+  const auto in = analysis::random_inputs({{64}, 4, 2, 128}, 2);
+  TrainingCall call(in, NumericsOptions{}, true);
+  flamia_error err{};
+  auto backward = [&](size_t workspace_bytes) {
+    return flamia_backward(&call.q.desc, &call.k.desc, &call.v.desc, &call.o.desc, static_cast<const float*>(call.lse.get()),
+                           &call.dout.desc, &call.docs, &call.options, &call.dq.desc, &call.dk.desc, &call.dv.desc,
+                           call.backward_workspace.get(), workspace_bytes, nullptr, &err);
+  };
+  EXPECT_EQ(backward(call.backward_workspace.bytes() - 1), FLAMIA_ERROR_WORKSPACE);
+  EXPECT_NE(std::string(err.message).find("flamia_backward_workspace_size"), std::string::npos) << err.message;
+  call.dk.desc.heads = 4;  // dk must be shaped like k
+  EXPECT_EQ(backward(call.backward_workspace.bytes()), FLAMIA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(err.message).find("dk.heads"), std::string::npos) << err.message;
+}
+
+}  // namespace
+}  // namespace flamia::gpu_test
