@@ -23,6 +23,7 @@ if torch.cuda.get_device_capability() != (9, 0):
 
 import flamia  # noqa: E402  (after the skips: a GPU machine must have the package)
 from flamia import FlamiaError  # noqa: E402
+from flamia import reference as flamia_reference  # noqa: E402
 
 LENS = [1, 31, 33, 127, 129, 1000]  # unaligned documents, one longer than a tile row
 DEVICE = "cuda"
@@ -49,25 +50,7 @@ def make_inputs(lens, hq, hkv, d, seed=0):
 
 def reference(q, k, v, lens, causal=True, scale=None):
     """FP64 attention of each document alone: o [T, Hq, D] and lse [Hq, T]."""
-    t, hq, d = q.shape
-    group = hq // k.shape[1]
-    scale = d ** -0.5 if scale is None else scale
-    o = torch.empty(t, hq, d, dtype=torch.float64, device=q.device)
-    lse = torch.empty(hq, t, dtype=torch.float64, device=q.device)
-    start = 0
-    for n in lens:
-        sl = slice(start, start + n)
-        qd = q[sl].double()
-        kd = k[sl].double().repeat_interleave(group, dim=1)  # query head h reads kv head h // group
-        vd = v[sl].double().repeat_interleave(group, dim=1)
-        s = torch.einsum("qhd,khd->hqk", qd, kd) * scale
-        if causal:
-            mask = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
-            s = s.masked_fill(mask, float("-inf"))
-        lse[:, sl] = torch.logsumexp(s, dim=-1)
-        o[sl] = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vd)
-        start += n
-    return o, lse
+    return flamia_reference.attention(q, k, v, lens, causal=causal, softmax_scale=scale)
 
 
 def cosine(a, b):
@@ -241,9 +224,7 @@ MIN_COSINE_GRAD = 0.997  # DESIGN.md section 4 bar for dQ, dK, dV
 
 def reference_grads(q, k, v, dout, lens, causal=True, scale=None):
     """Gradients of sum(o * dout) through the FP64 reference: (dq, dk, dv) in float64."""
-    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
-    o, _ = reference(q64, k64, v64, lens, causal=causal, scale=scale)
-    return torch.autograd.grad(o, (q64, k64, v64), dout.double())
+    return flamia_reference.gradients(q, k, v, dout, lens, causal=causal, softmax_scale=scale)
 
 
 def flamia_grads(q, k, v, dout, cu, lens, **kwargs):
