@@ -4,8 +4,12 @@
 // exponent e. The two rules differ only in how they treat the top of the E4M3 range:
 //   ceil : the smallest e with amax / 2^e <= 448       (never clips)
 //   floor: e = floor(log2 amax) - 8                    (OCP MX; amax/2^e may reach 512 and clip)
-// An all-zero group uses e = 0. A group holding NaN or Inf gets the NaN exponent, so every
-// value decoded from it is NaN (non-finite input is never silently zeroed or saturated).
+// An all-zero group uses the smallest exponent, -127 (code 0x00; OCP MX's floor(log2 0) clamped):
+// its codes are zero whatever the scale, and the smallest exponent keeps it out of every max taken
+// over scales (the fold references), where an arbitrary e = 0 would dwarf a document of small
+// values (an all-zero dO row, common at document ends, would zero all of dV). A group holding NaN
+// or Inf gets the NaN exponent, so every value decoded from it is NaN (non-finite input is never
+// silently zeroed or saturated).
 #pragma once
 
 #include <cmath>
@@ -40,7 +44,7 @@ FLAMIA_HD double decode_ue8m0(uint8_t code) {
 // that it needs e < -127 encodes partly as E4M3 subnormals or zeros.
 FLAMIA_HD uint8_t scale_for_amax(double amax, ScaleRule rule) {
   if (std::isnan(amax) || std::isinf(amax)) return kUe8m0NaN;
-  if (amax == 0.0) return encode_ue8m0(0);
+  if (amax == 0.0) return encode_ue8m0(kMinScaleExponent);
   int k;
   const double frac = std::frexp(amax, &k);  // amax = frac * 2^k, frac in [0.5, 1)
   // floor(log2 amax) = k - 1, so the OCP floor rule is e = k - 1 - 8.

@@ -293,10 +293,10 @@ TEST(ScaleForAmax, Amax480ClipsUnderFloorAndIsExactUnderCeil) {
   EXPECT_EQ(ue8m0_exponent(scale_for_amax(std::nextafter(448.0, kInf), ScaleRule::kCeil)), 1);
 }
 
-TEST(ScaleForAmax, ZeroAmaxUsesExponentZeroAndNonFiniteAmaxIsNaN) {
+TEST(ScaleForAmax, ZeroAmaxUsesTheSmallestExponentAndNonFiniteAmaxIsNaN) {
   for (ScaleRule rule : {ScaleRule::kCeil, ScaleRule::kFloor}) {
-    EXPECT_EQ(scale_for_amax(0.0, rule), 127);
-    EXPECT_EQ(scale_for_amax(-0.0, rule), 127);
+    EXPECT_EQ(scale_for_amax(0.0, rule), 0x00);
+    EXPECT_EQ(scale_for_amax(-0.0, rule), 0x00);
     for (double bad : {kNaN, kInf}) {
       const uint8_t s = scale_for_amax(bad, rule);
       EXPECT_EQ(s, kUe8m0NaN);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <string>
 
 #include "analysis/inputs.h"
 #include "analysis/metrics.h"
@@ -42,6 +43,30 @@ TEST(Mxfp8Route, MeetsTheAccuracyBarsOnTwoDocumentsOf1024) {
     EXPECT_LT(r.stats.u_zero_fraction(), 0.01);
     EXPECT_LT(r.stats.row_residual_rms(), 0.01);
     EXPECT_EQ(r.stats.saturated_p + r.stats.saturated_u, 0);  // boost 2^8 and ceil U scales never clip
+  }
+}
+
+// A training loss that ignores a document's last label gives that token an all-zero dO row, and
+// real dO values are small (here ~2^-20). With per-token scales (prefix mode) the zero row is its
+// own scale group; it must not pull the dV fold reference gamma (the document's largest dO
+// exponent) up to an arbitrary exponent and round every other row's dV operand to zero.
+TEST(Mxfp8Route, AllZeroDoutRowsDoNotDisableTheDvFold) {
+  auto in = analysis::random_inputs({{300, 212}, 4, 2, 64}, 3);
+  for (double& x : in.dout.data) x = std::ldexp(x, -20);
+  for (int doc = 0; doc < in.docs.count(); ++doc)
+    for (int h = 0; h < in.dout.heads; ++h)
+      for (int f = 0; f < in.dout.dim; ++f) in.dout.at(in.docs.begin(doc) + in.docs.length(doc) - 1, h, f) = 0.0;
+  const AttentionShape shape{.causal = true};
+  const auto exact = reference_forward(in.q, in.k, in.v, in.docs, shape);
+  const auto exact_grads = reference_backward(in.q, in.k, in.v, exact.o, exact.lse, in.dout, in.docs, shape);
+  for (Isolation mode : {Isolation::kDocument, Isolation::kPrefix}) {
+    NumericsOptions opt;
+    opt.isolation = mode;
+    const Call c = emulate(in, opt);
+    SCOPED_TRACE(std::string(to_string(mode)));
+    EXPECT_GE(compare(c.grads.dv.data, exact_grads.dv.data).cosine, 0.997);
+    EXPECT_GE(compare(c.grads.dq.data, exact_grads.dq.data).cosine, 0.997);
+    EXPECT_GE(compare(c.grads.dk.data, exact_grads.dk.data).cosine, 0.997);
   }
 }
 

@@ -119,10 +119,10 @@ TEST(Mxfp8Quantizer, NonFiniteInputPoisonsItsGroupOnly) {
   for (int t = 32; t < 40; ++t) EXPECT_TRUE(std::isnan(r.value(t, 0, 0)));
 }
 
-TEST(Mxfp8Quantizer, AllZeroGroupUsesExponentZero) {
+TEST(Mxfp8Quantizer, AllZeroGroupUsesTheSmallestExponent) {
   const Documents docs = one_document(3);
   const auto q = quantize_mxfp8(column({0.0, -0.0, 0.0}), docs, ScaleGeometry::kBlock32, ScaleRule::kFloor);
-  EXPECT_EQ(q.scale(0, 0), formats::encode_ue8m0(0));
+  EXPECT_EQ(q.scale(0, 0), formats::encode_ue8m0(formats::kMinScaleExponent));
   EXPECT_EQ(q.value(1, 0, 0), 0.0);
 }
 
