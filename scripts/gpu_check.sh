@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one command for a GPU (sm_90) machine: build with CUDA, run the GPU C++ tests, install the
-# Python package offline, run the PyTorch op tests, and (with --bench) the forward and the
-# training-call benchmarks.
+# Python package offline, run the PyTorch op and transformers tests, and (with --bench) the GPU
+# numerics table and the forward and training-call benchmarks.
 #
 #   scripts/gpu_check.sh [--bench] [--bench-args "--rounds 10 --workloads 16x4096"]
 #
@@ -94,14 +94,21 @@ run_step "pip install" "$PYTHON" -m pip install --no-build-isolation --no-deps -
 
 if [ "$install_ok" -eq 1 ]; then
   # From the repo root, `import flamia` finds the installed package (python/ is not on the path).
-  run_step "pytest test_torch_op.py" "$PYTHON" -m pytest -q -rs tests/python/test_torch_op.py
+  run_step "pytest (torch op, transformers)" "$PYTHON" -m pytest -q -rs tests/python/test_torch_op.py \
+    tests/python/test_hf_integration.py
 else
-  skip_step "pytest test_torch_op.py" "pip install failed"
+  skip_step "pytest (torch op, transformers)" "pip install failed"
 fi
 
 if [ "$RUN_BENCH" -eq 1 ]; then
   BENCH_DIR=${OUT:-bench-results}
   mkdir -p "$BENCH_DIR"
+  if [ "$install_ok" -eq 1 ]; then
+    run_step "numerics_gpu" "$PYTHON" bench/numerics_gpu.py --json "$BENCH_DIR/numerics_gpu.json" \
+      --markdown "$BENCH_DIR/numerics_gpu.md"
+  else
+    skip_step "numerics_gpu" "pip install failed"
+  fi
   for pass in forward train; do
     if [ "$install_ok" -eq 1 ]; then
       # shellcheck disable=SC2086  # BENCH_ARGS is a list of words on purpose
@@ -130,7 +137,7 @@ for i in "${!STEP_NAMES[@]}"; do
   printf '  %-26s %-18s %5ss\n' "${STEP_NAMES[$i]}" "$verdict" "${STEP_SECONDS[$i]}"
 done
 if [ "$RUN_BENCH" -eq 1 ]; then
-  echo "  benchmark results: ${BENCH_DIR}/bench_{forward,train}.{json,md}"
+  echo "  benchmark results: ${BENCH_DIR}/bench_{forward,train}.{json,md}, ${BENCH_DIR}/numerics_gpu.{json,md}"
 fi
 if [ "$failed" -ne 0 ]; then
   echo "gpu_check: FAILED"

@@ -74,12 +74,12 @@ def leaky_fake_quant(x, block=LEAK_BLOCK):
     return out.view(-1, h, d)[:t].to(x.dtype)
 
 
-def leaky(q, k, v, cu, max_len, scale):
-    return exact_bf16(q, leaky_fake_quant(k), leaky_fake_quant(v), cu, max_len, scale)
+def register_all(leak_block=LEAK_BLOCK):
+    """Registers the four implementations with transformers; returns {config: name}. leak_block is
+    the leaky control's scale group (tokens of the packed row): longer blocks reach further ahead."""
+    def leaky(q, k, v, cu, max_len, scale):
+        return exact_bf16(q, leaky_fake_quant(k, leak_block), leaky_fake_quant(v, leak_block), cu, max_len, scale)
 
-
-def register_all():
-    """Registers the four implementations with transformers; returns {config: name}."""
     flamia.hf.register_packed_attention(CONFIGS["bf16"], exact_bf16)
     flamia.hf.register(CONFIGS["document"], isolation="document")
     flamia.hf.register(CONFIGS["prefix"], isolation="prefix")

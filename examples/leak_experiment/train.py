@@ -50,6 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--eval-rows", type=int, default=0, help="validation rows per evaluation (0: all)")
     p.add_argument("--log-every", type=int, default=25)
+    p.add_argument("--leak-block", type=int, default=32, help="the leaky control's scale group, in tokens")
     args = p.parse_args(argv)
     if args.width % args.head_dim or (args.width // args.head_dim) % args.kv_groups:
         p.error("--width must be a multiple of --head-dim, and the head count a multiple of --kv-groups")
@@ -125,7 +126,7 @@ def main(argv=None):
 
     import attention
 
-    names = attention.register_all()
+    names = attention.register_all(args.leak_block)
     own, reference = names[args.config], names[attention.REFERENCE]
     args.out.mkdir(parents=True, exist_ok=True)
     log = (args.out / "metrics.jsonl").open("a")
