@@ -211,10 +211,14 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
     constexpr int kQT = tiling::kBwdQueryTile, kKT = tiling::kBwdKeyTile;
     std::vector<double> U(size_t(kQT) * len), column(kQT);
 
+    // dV fold reference: the largest dO exponent in the document over the query heads of this KV
+    // group (they all sum into this dV, so one reference serves them all).
+    double gamma = -kInf;
+    for (int h = kvh * group; h < (kvh + 1) * group; ++h)
+      for (int p = 0; p < len; ++p) gamma = nan_max(gamma, g_codes.exponent(begin + p, h));
+
     for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
       const DocOperand q = load(in.q, begin, len, h), g = load(g_codes, begin, len, h);
-      double gamma = -kInf;  // dV fold reference: the document's largest dO exponent
-      for (double e : g.exponents) gamma = nan_max(gamma, e);
 
       for (int p0 = 0; p0 < len; p0 += kQT) {
         const int rows = std::min(kQT, len - p0);

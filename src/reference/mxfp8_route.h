@@ -14,7 +14,8 @@
 // Backward, rebuilding P from the saved LSE with the forward's codes:
 //   D_i = sum_f G^_if O_if (reconstructed dO, saved BF16 O);  E_ij = (cg_i . cv_j) 2^(eg_i + ev_j)
 //   U_ij = P_ij (E_ij - D_i);  dS = scale * U
-//   dV_j = sum_i E4M3(P_ij 2^(boost + eg_i - gamma)) cg_i 2^(gamma - boost), gamma = max eg in the document
+//   dV_j = sum_i E4M3(P_ij 2^(boost + eg_i - gamma)) cg_i 2^(gamma - boost), gamma = max eg in the
+//          document over the query heads of j's KV group
 //   dQ_i = scale * sum_tiles 2^sigma sum_j E4M3(U_ij 2^ek_j / 2^sigma) ck_j,  sigma per (row, key tile)
 //   dK_j = scale * sum_tiles 2^tau   sum_i E4M3(U_ij 2^eq_i / 2^tau) cq_i,    tau per (column, query tile)
 // (or, with UScaleGeometry::kSquare32, one 32x32 U square scale shared by both products.)

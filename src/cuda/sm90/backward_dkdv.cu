@@ -4,9 +4,10 @@
 // keys as rows (S^T and E^T come out of the tensor cores already transposed):
 //   S^T = K codes . Q codes^T,  p_ij = 2^(S_ij 2^(ek_j + eq_i) scale log2(e) - LSE_i log2(e))
 //   E^T = V codes . dO codes^T, E_ij = E^T_ji 2^(ev_j + eg_i),  U_ij = p_ij (E_ij - D_i)
-//   dV_j += sum_i E4M3(p_ij 2^(boost + eg_i - gamma_h)) cg_i          (times 2^(gamma_h - boost))
+//   dV_j += sum_i E4M3(p_ij 2^(boost + eg_i - gamma)) cg_i          (times 2^(gamma - boost))
 //   dK_j += 2^tau_j sum_i E4M3(U_ij 2^(eq_i - tau_j)) cq_i,  tau_j: ceil scale of max_i |U_ij 2^eq_i|
-// with gamma_h the document's largest dO exponent and tau_j one scale per (key, query tile), as
+// with gamma the document's largest dO exponent over the group's query heads and tau_j one scale
+// per (key, query tile), as
 // docs/NUMERICS.md and the emulation (reference::mxfp8_backward) define them. dK is scaled by the
 // softmax scale at the end.
 #include <cuda_bf16.h>
@@ -42,7 +43,7 @@ struct DkdvShared {
   uint8_t gt[D * kQueryTile];  // transposed form (B of dV)
   float q_pow[kQueryTile];     // 2^eq_i
   float g_pow[kQueryTile];     // 2^eg_i
-  float p_fold[kQueryTile];    // 2^(boost + eg_i - gamma_h)
+  float p_fold[kQueryTile];    // 2^(boost + eg_i - gamma)
   float lse2[kQueryTile];      // LSE_i log2(e)
   float delta[kQueryTile];     // D_i
 };
@@ -77,21 +78,16 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardP
   float dk_acc[D / 2], dv_acc[D / 2];
   zero(dk_acc);
   zero(dv_acc);
-  int gamma_prev = 0;
   const int q_begin = p.causal ? k0 : 0;  // k0 is a multiple of kQueryTile: a query tile start
 
-  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
-    // gamma_h: the document's largest dO exponent (the running max at its last token).
-    const int gamma = scale_exponent(p.g_scale_prefix_max[int64_t(d.end - 1) * p.q_heads + h]);
-    if (h > kvh * group) {
-      // dv_acc counts in units of 2^(gamma - boost) of the current head: switch units (exact,
-      // a power of two).
-      const float f = (gamma == kNaNExponent || gamma_prev == kNaNExponent) ? pow2i(kNaNExponent) : pow2i(gamma_prev - gamma);
-      const float both[2] = {f, f};
-      scale_rows(dv_acc, both);
-    }
-    gamma_prev = gamma;
+  // gamma: the document's largest dO exponent over the group's query heads (each head's running
+  // max at the document's last token; UE8M0 bytes order like exponents, NaN (0xFF) the largest).
+  uint8_t gamma_code = 0;
+  for (int h = kvh * group; h < (kvh + 1) * group; ++h)
+    gamma_code = uint8_t(max(int(gamma_code), int(p.g_scale_prefix_max[int64_t(d.end - 1) * p.q_heads + h])));
+  const int gamma = scale_exponent(gamma_code);
 
+  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
     for (int q0 = q_begin; q0 < d.len; q0 += kQueryTile) {
       __syncthreads();  // the previous tile's readers are done (its wgmmas were waited for)
       const int64_t q_offset = (int64_t(d.begin + q0) * p.q_heads + h) * D;
@@ -184,8 +180,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardP
     }
   }
 
-  const float dv_factor =
-      gamma_prev == kNaNExponent ? pow2i(kNaNExponent) : pow2i(gamma_prev - p.p_boost_log2);
+  const float dv_factor = gamma == kNaNExponent ? pow2i(kNaNExponent) : pow2i(gamma - p.p_boost_log2);
   auto* dk = static_cast<__nv_bfloat16*>(p.dk);
   auto* dv = static_cast<__nv_bfloat16*>(p.dv);
   for (int r = 0; r < 2; ++r) {
