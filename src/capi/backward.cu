@@ -37,7 +37,8 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   if (CallError e = quantize_operand(*v, *docs, numerics, region(ws.v_codes), region(ws.v_scales), s, "v"); !e.ok()) return e;
   if (CallError e = quantize_operand(*dout, *docs, numerics, region(ws.g_codes), region(ws.g_scales), s, "dout"); !e.ok())
     return e;
-  // The dV fold reference gamma is the document's largest dO exponent: the running max at its end.
+  // The dV fold reference gamma is the document's largest dO exponent (over a KV group's heads):
+  // the running max at the document's end.
   if (const cudaError_t err = cuda::launch_prefix_max_scales(region(ws.g_scales), T, Hq, docs->cu_seqlens,
                                                              docs->num_docs, region(ws.g_scale_prefix_max), s);
       err != cudaSuccess)
