@@ -304,46 +304,54 @@ NumericsOptions numerics_options(const flamia_options& options) {
   return n;
 }
 
+namespace {
+
+// Hands out consecutive workspace regions, each starting kWorkspaceAlignment-aligned.
+class RegionCarver {
+ public:
+  WorkspaceRegion take(size_t bytes) {
+    const WorkspaceRegion r{at_, bytes};
+    at_ = align_up(at_ + bytes);
+    return r;
+  }
+  size_t total() const { return at_; }
+
+ private:
+  size_t at_ = 0;
+};
+
+}  // namespace
+
 ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim) {
   ForwardWorkspace w;
-  size_t at = 0;
-  auto take = [&at](size_t bytes) {
-    const WorkspaceRegion r{at, bytes};
-    at = align_up(at + bytes);
-    return r;
-  };
+  RegionCarver c;
   const size_t t = size_t(tokens), hq = size_t(q_heads), hkv = size_t(kv_heads), d = size_t(head_dim);
-  w.q_codes = take(t * hq * d);
-  w.k_codes = take(t * hkv * d);
-  w.v_codes = take(t * hkv * d);
-  w.q_scales = take(t * hq);
-  w.k_scales = take(t * hkv);
-  w.v_scales = take(t * hkv);
-  w.v_fold_ref = take(t * hkv);
-  w.total = at;
+  w.q_codes = c.take(t * hq * d);
+  w.k_codes = c.take(t * hkv * d);
+  w.v_codes = c.take(t * hkv * d);
+  w.q_scales = c.take(t * hq);
+  w.k_scales = c.take(t * hkv);
+  w.v_scales = c.take(t * hkv);
+  w.v_fold_ref = c.take(t * hkv);
+  w.total = c.total();
   return w;
 }
 
 BackwardWorkspace backward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim) {
   BackwardWorkspace w;
-  size_t at = 0;
-  auto take = [&at](size_t bytes) {
-    const WorkspaceRegion r{at, bytes};
-    at = align_up(at + bytes);
-    return r;
-  };
+  RegionCarver c;
   const size_t t = size_t(tokens), hq = size_t(q_heads), hkv = size_t(kv_heads), d = size_t(head_dim);
-  w.q_codes = take(t * hq * d);
-  w.k_codes = take(t * hkv * d);
-  w.v_codes = take(t * hkv * d);
-  w.g_codes = take(t * hq * d);
-  w.q_scales = take(t * hq);
-  w.k_scales = take(t * hkv);
-  w.v_scales = take(t * hkv);
-  w.g_scales = take(t * hq);
-  w.g_scale_prefix_max = take(t * hq);
-  w.delta = take(t * hq * sizeof(float));
-  w.total = at;
+  w.q_codes = c.take(t * hq * d);
+  w.k_codes = c.take(t * hkv * d);
+  w.v_codes = c.take(t * hkv * d);
+  w.g_codes = c.take(t * hq * d);
+  w.q_scales = c.take(t * hq);
+  w.k_scales = c.take(t * hkv);
+  w.v_scales = c.take(t * hkv);
+  w.g_scales = c.take(t * hq);
+  w.g_scale_prefix_max = c.take(t * hq);
+  w.delta = c.take(t * hq * sizeof(float));
+  w.total = c.total();
   return w;
 }
 
