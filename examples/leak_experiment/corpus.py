@@ -16,7 +16,6 @@ import argparse
 import hashlib
 import io
 import json
-import os
 import pathlib
 import struct
 import subprocess
