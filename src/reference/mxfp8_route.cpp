@@ -39,6 +39,7 @@ struct DocOperand {
   const double* row(int p) const { return values.data() + size_t(p) * dim; }
 };
 
+// The first `len` rows of a document (all of it, or a prefix that holds every row a task reads).
 DocOperand load(const Mxfp8Tensor& x, int begin, int len, int head) {
   const auto& lut = e4m3_values();
   DocOperand out;
@@ -138,14 +139,25 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
   const double scale_log2e = shape.scale_for(D) * std::numbers::log2e;
   const int boost = options.p_boost_log2;
   ForwardOutputs out{PackedTensor(T, Hq, D), HeadTokenTensor(Hq, T)};
-  std::vector<RouteStats> item_stats(size_t(docs.count()) * Hq);
+  // Rows are independent: one task per (document, head, block of query rows), so a long document
+  // spreads over every core. Each row's arithmetic is the same whatever the split.
+  constexpr int kRowBlock = tiling::kFwdQueryTile;
+  struct Task {
+    int doc, h, p0;
+  };
+  std::vector<Task> tasks;
+  for (int doc = 0; doc < docs.count(); ++doc)
+    for (int h = 0; h < Hq; ++h)
+      for (int p0 = 0; p0 < docs.length(doc); p0 += kRowBlock) tasks.push_back({doc, h, p0});
+  std::vector<RouteStats> task_stats(tasks.size());
 
-  parallel_for(docs.count() * Hq, [&](int item) {
-    const int doc = item / Hq, h = item % Hq, begin = docs.begin(doc), len = docs.length(doc);
-    if (len == 0) return;
+  parallel_for(int(tasks.size()), [&](int t) {
+    const auto [doc, h, p0] = tasks[t];
+    const int begin = docs.begin(doc), len = docs.length(doc), p1 = std::min(len, p0 + kRowBlock);
     const int kvh = kv_head_of(h, Hq, Hkv);
-    const DocOperand q = load(in.q, begin, len, h), k = load(in.k, begin, len, kvh), v = load(in.v, begin, len, kvh);
-    RouteStats& st = item_stats[item];
+    const int keys = shape.causal ? p1 : len;  // the keys these rows can see
+    const DocOperand q = load(in.q, begin, p1, h), k = load(in.k, begin, keys, kvh), v = load(in.v, begin, len, kvh);
+    RouteStats& st = task_stats[t];
 
     // Mask-aware fold reference: the running max of the V exponents over the visible keys.
     std::vector<double> rho(len);
@@ -154,7 +166,7 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
     if (!shape.causal) std::fill(rho.begin(), rho.end(), running);
 
     std::vector<double> s(tiling::kFwdKeyTile), acc(D);
-    for (int p = 0; p < len; ++p) {
+    for (int p = p0; p < p1; ++p) {
       const int last = last_visible_key(p, len, shape.causal);
       double m = -kInf, l = 0.0;
       std::fill(acc.begin(), acc.end(), 0.0);
@@ -180,7 +192,7 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
     }
   });
   if (stats) {
-    for (const auto& st : item_stats) stats->merge(st);
+    for (const auto& st : task_stats) stats->merge(st);
     stats->saturated_q += in.q.saturated, stats->saturated_k += in.k.saturated, stats->saturated_v += in.v.saturated;
   }
   return out;
@@ -199,17 +211,26 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
   const int boost = options.p_boost_log2, group = Hq / Hkv;
   const Mxfp8Tensor g_codes = quantize_mxfp8(dout, docs, options.effective_geometry(), options.scale_rule);
   Gradients out{PackedTensor(T, Hq, D), PackedTensor(T, Hkv, D), PackedTensor(T, Hkv, D)};
-  // dK and dV accumulate over the query heads of a KV group; dQ rows are owned by one item too.
+  constexpr int kQT = tiling::kBwdQueryTile, kKT = tiling::kBwdKeyTile;
+  // Work item (document, KV head). Inside a long one, each query head runs two parallel phases:
+  // (A) per query tile, P and U rows, the rounded dV operand and the finished dQ rows (rows are
+  // independent); (B) per block of keys, dK and dV of those keys, summed over rows in the order a
+  // single thread would use (heads, then rows ascending), so the split changes no bit. Items of one
+  // query tile or less have nothing to split and run side by side instead.
   std::vector<RouteStats> item_stats(size_t(docs.count()) * Hkv);
+  const bool squares = options.u_scale == UScaleGeometry::kSquare32;
 
-  parallel_for(docs.count() * Hkv, [&](int item) {
+  auto run_item = [&](int item) {
     const int doc = item / Hkv, kvh = item % Hkv, begin = docs.begin(doc), len = docs.length(doc);
     if (len == 0) return;
     RouteStats& st = item_stats[item];
     const DocOperand k = load(in.k, begin, len, kvh), v = load(in.v, begin, len, kvh);
     std::vector<double> dk(size_t(len) * D, 0.0), dv(size_t(len) * D, 0.0);
-    constexpr int kQT = tiling::kBwdQueryTile, kKT = tiling::kBwdKeyTile;
-    std::vector<double> U(size_t(kQT) * len), column(kQT);
+    // U_ij (or its 32x32-square rounding) and the rounded dV operand for a chunk of rows x all keys
+    // (0 where masked); chunks of rows keep the memory at kChunkRows x len.
+    constexpr int kChunkRows = 16 * kQT;
+    const int chunk_rows = std::min(len, kChunkRows);
+    std::vector<double> U(size_t(chunk_rows) * len), PT(size_t(chunk_rows) * len), residual(len);
 
     // dV fold reference: the largest dO exponent in the document over the query heads of this KV
     // group (they all sum into this dV, so one reference serves them all).
@@ -218,91 +239,139 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
       for (int p = 0; p < len; ++p) gamma = nan_max(gamma, g_codes.exponent(begin + p, h));
 
     for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
-      const DocOperand q = load(in.q, begin, len, h), g = load(g_codes, begin, len, h);
+     const DocOperand q = load(in.q, begin, len, h), g = load(g_codes, begin, len, h);
+     for (int c0 = 0; c0 < len; c0 += kChunkRows) {
+      const int c1 = std::min(len, c0 + kChunkRows), tiles = (c1 - c0 + kQT - 1) / kQT;
+      const int keys = shape.causal ? c1 : len;  // the keys the chunk's rows see
+      for (int r = 0; r < c1 - c0; ++r) {
+        std::fill_n(&U[size_t(r) * len], keys, 0.0);
+        std::fill_n(&PT[size_t(r) * len], keys, 0.0);
+      }
+      std::vector<RouteStats> tile_stats(tiles);
+      auto u_at = [&](int p, int j) -> double& { return U[size_t(p - c0) * len + j]; };
 
-      for (int p0 = 0; p0 < len; p0 += kQT) {
-        const int rows = std::min(kQT, len - p0);
-        std::fill(U.begin(), U.end(), 0.0);
-        // Rebuild P and form U row by row; dV consumes P right away.
-        for (int r = 0; r < rows; ++r) {
-          const int p = p0 + r, last = last_visible_key(p, len, shape.causal);
+      // (A) one task per query tile of the chunk.
+      parallel_for(tiles, [&](int tile) {
+        RouteStats& ts = tile_stats[tile];
+        const int p0 = c0 + tile * kQT, rows = std::min(kQT, len - p0);
+        for (int p = p0; p < p0 + rows; ++p) {
+          const int last = last_visible_key(p, len, shape.causal);
           const double lse2 = fwd.lse.at(h, begin + p) * std::numbers::log2e;
           const double* o = fwd.o.row(begin + p, h);
           double Di = 0.0;  // D_i from the reconstructed dO and the saved O
           for (int f = 0; f < D; ++f) Di += g.row(p)[f] * o[f];
           Di *= std::exp2(g.exponents[p]);
-          double residual = 0.0;
+          double row_residual = 0.0;
+          double* u_row = &u_at(p, 0);
+          double* pt_row = &PT[size_t(p - c0) * len];
           for (int j = 0; j <= last; ++j) {
             const double pij = std::exp2(logit2(q, p, k, j, scale_log2e) - lse2);
             const double eij = dot(g.row(p), v.row(j), D) * std::exp2(g.exponents[p] + v.exponents[j]);
             const double uij = pij * (eij - Di);
-            U[size_t(r) * len + j] = uij;
-            residual += uij * scale;
-            const double pt = round_fresh(pij * std::exp2(boost + g.exponents[p] - gamma), st.saturated_p);
-            if (pt != 0.0) axpy(pt * std::exp2(gamma - boost), g.row(p), &dv[size_t(j) * D], D);
+            u_row[j] = uij;
+            row_residual += uij * scale;
+            pt_row[j] = round_fresh(pij * std::exp2(boost + g.exponents[p] - gamma), ts.saturated_p);
           }
-          st.row_residual_max = nan_max(st.row_residual_max, std::fabs(residual));
-          st.row_residual_sum_sq += residual * residual;
-          ++st.rows;
+          residual[p] = row_residual;
         }
-        const int last_col = last_visible_key(p0 + rows - 1, len, shape.causal);
 
-        if (options.u_scale == UScaleGeometry::kSquare32) {
+        if (squares) {
           // Blackwell layout: one U code set with 32x32 square scales serves both products, and
           // the K and Q scales stay with their operands (block-scaled MMA), so nothing is folded.
-          std::vector<double> block(U.begin(), U.begin() + size_t(rows) * len);
-          const SquareQuantized uq = quantize_squares(block, rows, len, tiling::kUSquare);
-          st.u_nonzero += uq.nonzero, st.u_zeroed += uq.zeroed;
+          // The tile's rows over the keys the chunk sees (squares start at key 0; the rest is 0).
+          std::vector<double> block(size_t(rows) * keys);
+          for (int r = 0; r < rows; ++r) std::copy_n(&u_at(p0 + r, 0), keys, &block[size_t(r) * keys]);
+          const SquareQuantized uq = quantize_squares(block, rows, keys, tiling::kUSquare);
+          ts.u_nonzero += uq.nonzero, ts.u_zeroed += uq.zeroed;
+          for (int r = 0; r < rows; ++r)  // phase B reads the rounded U
+            std::copy_n(&uq.values[size_t(r) * keys], keys, &u_at(p0 + r, 0));
+          const int last_col = last_visible_key(p0 + rows - 1, len, shape.causal);
           for (int r = 0; r < rows; ++r) {
             double* dq = out.dq.row(begin + p0 + r, h);
             for (int j = 0; j <= last_col; ++j) {
-              const double u = uq.values[size_t(r) * len + j];
-              if (u == 0.0) continue;
-              axpy(u * scale * std::exp2(k.exponents[j]), k.row(j), dq, D);
-              axpy(u * scale * std::exp2(q.exponents[p0 + r]), q.row(p0 + r), &dk[size_t(j) * D], D);
+              const double u = u_at(p0 + r, j);
+              if (u != 0.0) axpy(u * scale * std::exp2(k.exponents[j]), k.row(j), dq, D);
             }
           }
-          continue;
+          return;
         }
-
         // dQ = U.K: fold K's per-key scale into U, one U scale per (row, key tile).
-        for (int r = 0; r < rows; ++r) {
-          const int p = p0 + r, last = last_visible_key(p, len, shape.causal);
+        for (int p = p0; p < p0 + rows; ++p) {
+          const int last = last_visible_key(p, len, shape.causal);
+          const double* u_row = &u_at(p, 0);
           double* dq = out.dq.row(begin + p, h);
           for (int j0 = 0; j0 <= last; j0 += kKT) {
             const int j1 = std::min(j0 + kKT, last + 1);
             double amax = 0.0;
-            for (int j = j0; j < j1; ++j) amax = nan_max(amax, std::fabs(U[size_t(r) * len + j] * std::exp2(k.exponents[j])));
+            for (int j = j0; j < j1; ++j) amax = nan_max(amax, std::fabs(u_row[j] * std::exp2(k.exponents[j])));
             const uint8_t sigma = formats::scale_for_amax(amax, ScaleRule::kCeil);
             for (int j = j0; j < j1; ++j) {
-              const double w = U[size_t(r) * len + j] * std::exp2(k.exponents[j]);
+              const double w = u_row[j] * std::exp2(k.exponents[j]);
               const double wt = formats::decode_scaled_e4m3(formats::encode_scaled_e4m3(w, sigma), sigma);
               if (w != 0.0) {
-                ++st.u_nonzero;
-                if (wt == 0.0) ++st.u_zeroed;
+                ++ts.u_nonzero;
+                if (wt == 0.0) ++ts.u_zeroed;
               }
               if (wt != 0.0) axpy(wt * scale, k.row(j), dq, D);
             }
           }
         }
-        // dK = U^T.Q: fold Q's per-query scale into U, one U scale per (column, query tile).
-        for (int j = 0; j <= last_col; ++j) {
-          double amax = 0.0;
-          for (int r = 0; r < rows; ++r)
-            amax = nan_max(amax, std::fabs(column[r] = U[size_t(r) * len + j] * std::exp2(q.exponents[p0 + r])));
-          const uint8_t tau = formats::scale_for_amax(amax, ScaleRule::kCeil);
-          for (int r = 0; r < rows; ++r) {
-            const double wt = formats::decode_scaled_e4m3(formats::encode_scaled_e4m3(column[r], tau), tau);
-            if (wt != 0.0) axpy(wt * scale, q.row(p0 + r), &dk[size_t(j) * D], D);
+      });
+      for (const auto& ts : tile_stats) st.merge(ts);
+
+      // (B) one task per block of keys: dV, then dK, each summed over the chunk's rows in order.
+      constexpr int kKeyBlock = 64;
+      const double dv_factor = std::exp2(gamma - boost);
+      parallel_for((keys + kKeyBlock - 1) / kKeyBlock, [&](int block) {
+        const int b0 = block * kKeyBlock, b1 = std::min(keys, b0 + kKeyBlock);
+        std::vector<double> column(kQT);
+        for (int p0 = c0; p0 < c1; p0 += kQT) {
+          const int rows = std::min(kQT, len - p0);
+          for (int p = p0; p < p0 + rows; ++p) {
+            const int last = last_visible_key(p, len, shape.causal);
+            for (int j = b0; j < std::min(b1, last + 1); ++j) {
+              const double pt = PT[size_t(p - c0) * len + j];
+              if (pt != 0.0) axpy(pt * dv_factor, g.row(p), &dv[size_t(j) * D], D);
+            }
+          }
+          const int last_col = std::min(b1 - 1, last_visible_key(p0 + rows - 1, len, shape.causal));
+          for (int j = b0; j <= last_col; ++j) {
+            if (squares) {
+              for (int r = 0; r < rows; ++r) {
+                const double u = u_at(p0 + r, j);
+                if (u != 0.0) axpy(u * scale * std::exp2(q.exponents[p0 + r]), q.row(p0 + r), &dk[size_t(j) * D], D);
+              }
+              continue;
+            }
+            // dK = U^T.Q: fold Q's per-query scale into U, one U scale per (column, query tile).
+            double amax = 0.0;
+            for (int r = 0; r < rows; ++r)
+              amax = nan_max(amax, std::fabs(column[r] = u_at(p0 + r, j) * std::exp2(q.exponents[p0 + r])));
+            const uint8_t tau = formats::scale_for_amax(amax, ScaleRule::kCeil);
+            for (int r = 0; r < rows; ++r) {
+              const double wt = formats::decode_scaled_e4m3(formats::encode_scaled_e4m3(column[r], tau), tau);
+              if (wt != 0.0) axpy(wt * scale, q.row(p0 + r), &dk[size_t(j) * D], D);
+            }
           }
         }
+      });
+     }
+      for (int p = 0; p < len; ++p) {  // statistics in row order, as one thread would sum them
+        st.row_residual_max = nan_max(st.row_residual_max, std::fabs(residual[p]));
+        st.row_residual_sum_sq += residual[p] * residual[p];
+        ++st.rows;
       }
     }
     for (int j = 0; j < len; ++j) {
       std::copy_n(&dk[size_t(j) * D], D, out.dk.row(begin + j, kvh));
       std::copy_n(&dv[size_t(j) * D], D, out.dv.row(begin + j, kvh));
     }
-  });
+  };
+  std::vector<int> short_items, long_items;
+  for (int item = 0; item < docs.count() * Hkv; ++item)
+    (docs.length(item / Hkv) <= kQT ? short_items : long_items).push_back(item);
+  parallel_for(int(short_items.size()), [&](int i) { run_item(short_items[i]); });
+  for (int item : long_items) run_item(item);
   if (in.hadamard) {  // gradients w.r.t. the rotated Q and K rotate back with the same matrix
     hadamard_rotate(out.dq);
     hadamard_rotate(out.dk);
