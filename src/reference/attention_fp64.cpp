@@ -18,6 +18,9 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // kCols features per combine block (kRows * kCols accumulators stay in registers).
 constexpr int kRows = 4;
 constexpr int kCols = 4;
+// Query rows per parallel task (a multiple of kRows, so tiles never straddle two tasks).
+constexpr int kRowBlock = 256;
+static_assert(kRowBlock % kRows == 0);
 
 int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
@@ -181,9 +184,9 @@ void combine(const double* w, const DocHead& b, const RowTile& t, double* out) {
   }
 }
 
-// x[j][f] += sum_r w[j][r] * a[r][f] for keys j <= last_key (w is 0 where a row does not see j).
-void rank_update(const double* w, const std::vector<double>& a, int dp, int last_key, double* x) {
-  for (int j = 0; j <= last_key; ++j) {
+// x[j][f] += sum_r w[j][r] * a[r][f] for keys first_key <= j <= last_key (w is 0 where a row does not see j).
+void rank_update(const double* w, const std::vector<double>& a, int dp, int first_key, int last_key, double* x) {
+  for (int j = first_key; j <= last_key; ++j) {
     const double* wj = w + size_t(j) * kRows;
     double* xj = x + size_t(j) * dp;
     for (int f = 0; f < dp; ++f) {
@@ -204,38 +207,46 @@ ForwardOutputs reference_forward(const PackedTensor& q, const PackedTensor& k, c
   const double scale = shape.scale_for(D);
   ForwardOutputs out{PackedTensor(T, Hq, D), HeadTokenTensor(Hq, T)};
 
-  // Item (doc, g) owns the O and lse rows of the query heads of kv head g in doc.
-  parallel_for(docs.count() * Hkv, [&](int item) {
-    const int doc = item / Hkv, g = item % Hkv, begin = docs.begin(doc), len = docs.length(doc);
-    if (len == 0) return;
-    const DocHead kh = load_head(k, begin, len, g, true, false), vh = load_head(v, begin, len, g, false, true);
+  // Rows are independent: one task per (document, query head, block of rows), so a long document
+  // spreads over every core; each row's arithmetic is the same whatever the split.
+  struct Task {
+    int doc, h, p0;
+  };
+  std::vector<Task> tasks;
+  for (int doc = 0; doc < docs.count(); ++doc)
+    for (int h = 0; h < Hq; ++h)
+      for (int p0 = 0; p0 < docs.length(doc); p0 += kRowBlock) tasks.push_back({doc, h, p0});
+
+  parallel_for(int(tasks.size()), [&](int task) {
+    const auto [doc, h, b0] = tasks[task];
+    const int begin = docs.begin(doc), len = docs.length(doc), b1 = std::min(len, b0 + kRowBlock);
+    const int g = h / group, keys = shape.causal ? b1 : len;  // the keys these rows see
+    const DocHead kh = load_head(k, begin, keys, g, true, false), vh = load_head(v, begin, keys, g, false, true);
     const int dp = kh.dp, ld = kh.ld;
     TileRows qt(D, dp);
     std::vector<double> s(size_t(ld) * kRows), acc(size_t(kRows) * dp);  // s: [key][row]
-    for (int h = g * group; h < (g + 1) * group; ++h) {
-      for (int p0 = 0; p0 < len; p0 += kRows) {
-        const RowTile t = make_tile(p0, len, shape.causal);
-        qt.load(q, begin, t, h, dp);
-        scores(qt.cols, kh, round_up(t.tile_last + 1, kCols), s.data());
-        double m[kRows], l[kRows];
-        for (int r = 0; r < kRows; ++r) {
-          m[r] = -kInf;
-          for (int j = 0; j <= t.last[r]; ++j) m[r] = std::max(m[r], s[size_t(j) * kRows + r] *= scale);
-          // A non-finite max would turn into inf - inf; 0 lets inf/NaN logits propagate instead.
-          if (!std::isfinite(m[r])) m[r] = 0.0;
-          l[r] = 0.0;
-          for (int j = 0; j <= t.tile_last; ++j) {
-            double& e = s[size_t(j) * kRows + r];
-            e = j <= t.last[r] ? std::exp(e - m[r]) : 0.0;
-            l[r] += e;
-          }
+    for (int p0 = b0; p0 < b1; p0 += kRows) {
+      const RowTile t = make_tile(p0, len, shape.causal);
+      qt.load(q, begin, t, h, dp);
+      scores(qt.cols, kh, round_up(t.tile_last + 1, kCols), s.data());
+      double m[kRows], l[kRows];
+      for (int r = 0; r < kRows; ++r) {
+        m[r] = -kInf;
+        for (int j = 0; j <= t.last[r]; ++j) m[r] = std::max(m[r], s[size_t(j) * kRows + r] *= scale);
+        // A non-finite max would turn into inf - inf; 0 lets inf/NaN logits propagate instead.
+        if (!std::isfinite(m[r])) m[r] = 0.0;
+        l[r] = 0.0;
+        for (int j = 0; j <= t.tile_last; ++j) {
+          double& e = s[size_t(j) * kRows + r];
+          e = j <= t.last[r] ? std::exp(e - m[r]) : 0.0;
+          l[r] += e;
         }
-        combine(s.data(), vh, t, acc.data());
-        for (int r = 0; r < t.n; ++r) {
-          double* o = out.o.row(begin + p0 + r, h);
-          for (int f = 0; f < D; ++f) o[f] = acc[size_t(r) * dp + f] / l[r];
-          out.lse.at(h, begin + p0 + r) = m[r] + std::log(l[r]);
-        }
+      }
+      combine(s.data(), vh, t, acc.data());
+      for (int r = 0; r < t.n; ++r) {
+        double* o = out.o.row(begin + p0 + r, h);
+        for (int f = 0; f < D; ++f) o[f] = acc[size_t(r) * dp + f] / l[r];
+        out.lse.at(h, begin + p0 + r) = m[r] + std::log(l[r]);
       }
     }
   });
@@ -257,52 +268,87 @@ Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const
   const double scale = shape.scale_for(D);
   Gradients out{PackedTensor(T, Hq, D), PackedTensor(T, Hkv, D), PackedTensor(T, Hkv, D)};
 
-  // Item (doc, g) owns the dk/dv rows of kv head g in doc and the dq rows of its query heads.
-  parallel_for(docs.count() * Hkv, [&](int item) {
+  // Item (doc, g) owns the dk/dv rows of kv head g in doc and the dq rows of its query heads. Inside
+  // a long item, each query head and chunk of rows runs two parallel phases: (A) blocks of row
+  // tiles compute P and dS (kept for phase B) and finish their dq rows; (B) blocks of keys add
+  // their dk and dv rows tile by tile in row order, as a single thread would, so the split changes
+  // no bit. Items of one row block or less run side by side instead.
+  constexpr int kChunkRows = 1024, kTaskTiles = kRowBlock / kRows, kKeyBlock = 64;
+  auto run_item = [&](int item) {
     const int doc = item / Hkv, g = item % Hkv, begin = docs.begin(doc), len = docs.length(doc);
     if (len == 0) return;
     const DocHead kh = load_head(k, begin, len, g, true, true), vh = load_head(v, begin, len, g, true, false);
     const int dp = kh.dp, ld = kh.ld;
     std::vector<double> dk(size_t(len) * dp), dv(size_t(len) * dp);
-    TileRows qt(D, dp), gt(D, dp);
-    std::vector<double> p(size_t(ld) * kRows), ds(size_t(ld) * kRows), dq(size_t(kRows) * dp);  // p, ds: [key][row]
+    const int chunk_tiles = (std::min(len, kChunkRows) + kRows - 1) / kRows;
+    std::vector<double> P(size_t(chunk_tiles) * ld * kRows), DS(size_t(chunk_tiles) * ld * kRows);  // [tile][key][row]
     for (int h = g * group; h < (g + 1) * group; ++h) {
-      for (int p0 = 0; p0 < len; p0 += kRows) {
-        const RowTile t = make_tile(p0, len, shape.causal);
-        qt.load(q, begin, t, h, dp);
-        gt.load(dout, begin, t, h, dp);
-        const int ncols = round_up(t.tile_last + 1, kCols);
-        scores(qt.cols, kh, ncols, p.data());   // q . k
-        scores(gt.cols, vh, ncols, ds.data());  // dout . v
-        for (int r = 0; r < kRows; ++r) {
-          double lse_r = 0.0, d_r = 0.0;
-          if (r < t.n) {
-            lse_r = lse.at(h, begin + p0 + r);
-            const double* orow = o.row(begin + p0 + r, h);
-            for (int f = 0; f < D; ++f) d_r += gt.rows[size_t(r) * dp + f] * orow[f];
-          }
-          for (int j = 0; j <= t.tile_last; ++j) {
-            double& pj = p[size_t(j) * kRows + r];
-            double& dsj = ds[size_t(j) * kRows + r];
-            if (j <= t.last[r]) {
-              pj = std::exp(scale * pj - lse_r);
-              dsj = scale * pj * (dsj - d_r);  // scale * dS
-            } else {
-              pj = dsj = 0.0;
+      for (int c0 = 0; c0 < len; c0 += kChunkRows) {
+        const int c1 = std::min(len, c0 + kChunkRows), tiles = (c1 - c0 + kRows - 1) / kRows;
+        auto tile_at = [&](int i) { return make_tile(c0 + i * kRows, len, shape.causal); };
+
+        parallel_for((tiles + kTaskTiles - 1) / kTaskTiles, [&](int task) {  // (A)
+          TileRows qt(D, dp), gt(D, dp);
+          std::vector<double> dq(size_t(kRows) * dp);
+          for (int i = task * kTaskTiles; i < std::min(tiles, (task + 1) * kTaskTiles); ++i) {
+            const RowTile t = tile_at(i);
+            const int p0 = t.p0;
+            double* p = &P[size_t(i) * ld * kRows];
+            double* ds = &DS[size_t(i) * ld * kRows];
+            qt.load(q, begin, t, h, dp);
+            gt.load(dout, begin, t, h, dp);
+            const int ncols = round_up(t.tile_last + 1, kCols);
+            scores(qt.cols, kh, ncols, p);   // q . k
+            scores(gt.cols, vh, ncols, ds);  // dout . v
+            for (int r = 0; r < kRows; ++r) {
+              double lse_r = 0.0, d_r = 0.0;
+              if (r < t.n) {
+                lse_r = lse.at(h, begin + p0 + r);
+                const double* orow = o.row(begin + p0 + r, h);
+                for (int f = 0; f < D; ++f) d_r += gt.rows[size_t(r) * dp + f] * orow[f];
+              }
+              for (int j = 0; j <= t.tile_last; ++j) {
+                double& pj = p[size_t(j) * kRows + r];
+                double& dsj = ds[size_t(j) * kRows + r];
+                if (j <= t.last[r]) {
+                  pj = std::exp(scale * pj - lse_r);
+                  dsj = scale * pj * (dsj - d_r);  // scale * dS
+                } else {
+                  pj = dsj = 0.0;
+                }
+              }
             }
+            combine(ds, kh, t, dq.data());
+            for (int r = 0; r < t.n; ++r) std::copy_n(dq.data() + size_t(r) * dp, D, out.dq.row(begin + p0 + r, h));
           }
-        }
-        combine(ds.data(), kh, t, dq.data());
-        for (int r = 0; r < t.n; ++r) std::copy_n(dq.data() + size_t(r) * dp, D, out.dq.row(begin + p0 + r, h));
-        rank_update(ds.data(), qt.rows, dp, t.tile_last, dk.data());
-        rank_update(p.data(), gt.rows, dp, t.tile_last, dv.data());
+        });
+
+        const int keys = shape.causal ? c1 : len;  // the keys the chunk's rows see
+        parallel_for((keys + kKeyBlock - 1) / kKeyBlock, [&](int block) {  // (B)
+          const int j0 = block * kKeyBlock, j1 = std::min(keys, j0 + kKeyBlock);
+          TileRows qt(D, dp), gt(D, dp);
+          for (int i = 0; i < tiles; ++i) {
+            const RowTile t = tile_at(i);
+            if (t.tile_last < j0) continue;
+            qt.load(q, begin, t, h, dp);
+            gt.load(dout, begin, t, h, dp);
+            const int last = std::min(j1 - 1, t.tile_last);
+            rank_update(&DS[size_t(i) * ld * kRows], qt.rows, dp, j0, last, dk.data());
+            rank_update(&P[size_t(i) * ld * kRows], gt.rows, dp, j0, last, dv.data());
+          }
+        });
       }
     }
     for (int j = 0; j < len; ++j) {
       std::copy_n(dk.data() + size_t(j) * dp, D, out.dk.row(begin + j, g));
       std::copy_n(dv.data() + size_t(j) * dp, D, out.dv.row(begin + j, g));
     }
-  });
+  };
+  std::vector<int> short_items, long_items;
+  for (int item = 0; item < docs.count() * Hkv; ++item)
+    (docs.length(item / Hkv) <= kRowBlock ? short_items : long_items).push_back(item);
+  parallel_for(int(short_items.size()), [&](int i) { run_item(short_items[i]); });
+  for (int item : long_items) run_item(item);
   return out;
 }
 
