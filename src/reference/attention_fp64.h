@@ -10,9 +10,10 @@
 //   dq_i = scale * sum_j dS_ij k_j
 //   dk_j = scale * sum_i dS_ij q_i   and   dv_j = sum_i P_ij dout_i   (summed over the query heads of a kv head)
 //
-// Work is split into (document, kv head) items that own disjoint output rows and are computed
-// sequentially, so results are bitwise independent of the thread count, and a query row's O, lse
-// and dq depend only on its own document (and, when causal, only on positions <= its own).
+// Work is split into tasks with fixed boundaries (blocks of query rows for O, lse and dq; blocks
+// of keys for dk and dv, each summing its rows in row order), so results are bitwise independent
+// of the thread count, and a query row's O, lse and dq depend only on its own document (and, when
+// causal, only on positions <= its own).
 #pragma once
 
 #include "core/documents.h"
