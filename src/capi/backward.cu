@@ -32,9 +32,7 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   uint8_t* const base = static_cast<uint8_t*>(workspace);
   auto region = [base](const WorkspaceRegion& r) { return base + r.offset; };
 
-  if (CallError e = quantize_operand(*q, *docs, numerics, region(ws.q_codes), region(ws.q_scales), s, "q"); !e.ok()) return e;
-  if (CallError e = quantize_operand(*k, *docs, numerics, region(ws.k_codes), region(ws.k_scales), s, "k"); !e.ok()) return e;
-  if (CallError e = quantize_operand(*v, *docs, numerics, region(ws.v_codes), region(ws.v_scales), s, "v"); !e.ok()) return e;
+  if (CallError e = quantize_qkv(*q, *k, *v, *docs, numerics, base, ws, s); !e.ok()) return e;
   if (CallError e = quantize_operand(*dout, *docs, numerics, region(ws.g_codes), region(ws.g_scales), s, "dout"); !e.ok())
     return e;
   // The dV fold reference gamma is the document's largest dO exponent (over a KV group's heads):
@@ -83,13 +81,7 @@ extern "C" flamia_status flamia_backward(const flamia_tensor* q, const flamia_te
                                          const flamia_documents* docs, const flamia_options* options,
                                          flamia_tensor* dq, flamia_tensor* dk, flamia_tensor* dv, void* workspace,
                                          size_t workspace_bytes, void* stream, flamia_error* error) {
-  try {
-    return flamia::capi::report(flamia::capi::backward(q, k, v, o, lse, dout, docs, options, dq, dk, dv, workspace,
-                                                       workspace_bytes, stream),
-                                error);
-  } catch (const std::exception& e) {
-    return flamia::capi::report({FLAMIA_ERROR_INVALID_ARGUMENT, std::string("internal error: ") + e.what()}, error);
-  } catch (...) {
-    return flamia::capi::report({FLAMIA_ERROR_INVALID_ARGUMENT, "internal error"}, error);
-  }
+  return flamia::capi::guarded(error, [&] {
+    return flamia::capi::backward(q, k, v, o, lse, dout, docs, options, dq, dk, dv, workspace, workspace_bytes, stream);
+  });
 }

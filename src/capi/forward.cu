@@ -33,9 +33,7 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   uint8_t* const base = static_cast<uint8_t*>(workspace);
   auto region = [base](const WorkspaceRegion& r) { return base + r.offset; };
 
-  if (CallError e = quantize_operand(*q, *docs, numerics, region(ws.q_codes), region(ws.q_scales), s, "q"); !e.ok()) return e;
-  if (CallError e = quantize_operand(*k, *docs, numerics, region(ws.k_codes), region(ws.k_scales), s, "k"); !e.ok()) return e;
-  if (CallError e = quantize_operand(*v, *docs, numerics, region(ws.v_codes), region(ws.v_scales), s, "v"); !e.ok()) return e;
+  if (CallError e = quantize_qkv(*q, *k, *v, *docs, numerics, base, ws, s); !e.ok()) return e;
   if (const cudaError_t err = cuda::launch_prefix_max_scales(region(ws.v_scales), T, Hkv, docs->cu_seqlens,
                                                              docs->num_docs, region(ws.v_fold_ref), s);
       err != cudaSuccess)
@@ -76,13 +74,7 @@ extern "C" flamia_status flamia_forward(const flamia_tensor* q, const flamia_ten
                                         const flamia_documents* docs, const flamia_options* options, flamia_tensor* o,
                                         float* lse, void* workspace, size_t workspace_bytes, void* stream,
                                         flamia_error* error) {
-  using flamia::capi::CallError;
-  try {
-    return flamia::capi::report(
-        flamia::capi::forward(q, k, v, docs, options, o, lse, workspace, workspace_bytes, stream), error);
-  } catch (const std::exception& e) {
-    return flamia::capi::report({FLAMIA_ERROR_INVALID_ARGUMENT, std::string("internal error: ") + e.what()}, error);
-  } catch (...) {
-    return flamia::capi::report({FLAMIA_ERROR_INVALID_ARGUMENT, "internal error"}, error);
-  }
+  return flamia::capi::guarded(error, [&] {
+    return flamia::capi::forward(q, k, v, docs, options, o, lse, workspace, workspace_bytes, stream);
+  });
 }

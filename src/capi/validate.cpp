@@ -391,6 +391,25 @@ flamia_status report(const CallError& result, flamia_error* error) {
 
 using flamia::capi::CallError;
 
+namespace flamia::capi {
+namespace {
+
+// A workspace size query: the shapes are validated, the bytes come from the call's layout.
+template <class Layout>
+flamia_status workspace_size_query(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
+                                   size_t* bytes, flamia_error* error, Layout (*layout)(int64_t, int64_t, int64_t, int64_t)) {
+  return guarded(error, [&]() -> CallError {
+    if (bytes == nullptr) return {FLAMIA_ERROR_INVALID_ARGUMENT, "bytes is NULL"};
+    *bytes = 0;
+    if (CallError e = validate_shapes(q, k, v); !e.ok()) return e;
+    *bytes = layout(q->tokens, q->heads, k->heads, q->dim).total;
+    return CallError::success();
+  });
+}
+
+}  // namespace
+}  // namespace flamia::capi
+
 extern "C" {
 
 void flamia_default_options(flamia_options* options) {
@@ -420,32 +439,12 @@ const char* flamia_status_name(flamia_status status) {
 
 flamia_status flamia_forward_workspace_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
                                             size_t* bytes, flamia_error* error) {
-  try {
-    if (bytes == nullptr) return flamia::capi::report({FLAMIA_ERROR_INVALID_ARGUMENT, "bytes is NULL"}, error);
-    *bytes = 0;
-    if (CallError e = flamia::capi::validate_shapes(q, k, v); !e.ok()) return flamia::capi::report(e, error);
-    *bytes = flamia::capi::forward_workspace_layout(q->tokens, q->heads, k->heads, q->dim).total;
-    return flamia::capi::report(CallError::success(), error);
-  } catch (const std::exception& e) {
-    return flamia::capi::report({FLAMIA_ERROR_INVALID_ARGUMENT, std::string("internal error: ") + e.what()}, error);
-  } catch (...) {
-    return flamia::capi::report({FLAMIA_ERROR_INVALID_ARGUMENT, "internal error"}, error);
-  }
+  return flamia::capi::workspace_size_query(q, k, v, bytes, error, flamia::capi::forward_workspace_layout);
 }
 
 flamia_status flamia_backward_workspace_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
                                              size_t* bytes, flamia_error* error) {
-  try {
-    if (bytes == nullptr) return flamia::capi::report({FLAMIA_ERROR_INVALID_ARGUMENT, "bytes is NULL"}, error);
-    *bytes = 0;
-    if (CallError e = flamia::capi::validate_shapes(q, k, v); !e.ok()) return flamia::capi::report(e, error);
-    *bytes = flamia::capi::backward_workspace_layout(q->tokens, q->heads, k->heads, q->dim).total;
-    return flamia::capi::report(CallError::success(), error);
-  } catch (const std::exception& e) {
-    return flamia::capi::report({FLAMIA_ERROR_INVALID_ARGUMENT, std::string("internal error: ") + e.what()}, error);
-  } catch (...) {
-    return flamia::capi::report({FLAMIA_ERROR_INVALID_ARGUMENT, "internal error"}, error);
-  }
+  return flamia::capi::workspace_size_query(q, k, v, bytes, error, flamia::capi::backward_workspace_layout);
 }
 
 }  // extern "C"

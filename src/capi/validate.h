@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <string>
 
 #include "core/options.h"
@@ -95,5 +96,18 @@ CallError check_workspace(const BackwardWorkspace& layout, const void* workspace
 // Writes the message into *error (truncated to fit, always NUL-terminated; "" on success) when
 // error is not NULL, and returns the status.
 flamia_status report(const CallError& result, flamia_error* error);
+
+// The body of every extern "C" entry point: runs body() (returning a CallError) and reports it;
+// no exception crosses the C boundary (one becomes an "internal error").
+template <class Body>
+flamia_status guarded(flamia_error* error, Body&& body) {
+  try {
+    return report(body(), error);
+  } catch (const std::exception& e) {
+    return report({FLAMIA_ERROR_INVALID_ARGUMENT, std::string("internal error: ") + e.what()}, error);
+  } catch (...) {
+    return report({FLAMIA_ERROR_INVALID_ARGUMENT, "internal error"}, error);
+  }
+}
 
 }  // namespace flamia::capi

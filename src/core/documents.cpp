@@ -43,4 +43,12 @@ int Documents::max_length() const {
   return m;
 }
 
+std::vector<RowBlock> row_blocks(const Documents& docs, int heads, int size) {
+  std::vector<RowBlock> out;
+  for (int doc = 0; doc < docs.count(); ++doc)
+    for (int h = 0; h < heads; ++h)
+      for (int p = 0; p < docs.length(doc); p += size) out.push_back({doc, h, p});
+  return out;
+}
+
 }  // namespace flamia

@@ -38,6 +38,14 @@ class Documents {
   std::vector<int32_t> doc_of_token_;
 };
 
+// A block of query rows [begin, begin + size) of one document and head: the unit the CPU
+// reference and emulation hand to a thread, so long documents spread over every core.
+struct RowBlock {
+  int doc, head, begin;
+};
+// Every (document, head, row block of `size` rows) of `docs`, in document, head, row order.
+std::vector<RowBlock> row_blocks(const Documents& docs, int heads, int size);
+
 // First document-local position of the scale group holding document-local position `pos`.
 FLAMIA_HD int scale_group_begin(int pos, ScaleGeometry geometry) {
   return geometry == ScaleGeometry::kToken ? pos : pos - pos % tiling::kScaleBlock;

@@ -38,4 +38,15 @@ void parallel_for(int count, F&& body) {
   if (error) std::rethrow_exception(error);
 }
 
+// Runs body(item) for items 0 .. count-1: those for which small(item) holds side by side, the
+// others one after another (each is expected to run parallel_for inside), so neither many short
+// items nor one long item leaves cores idle. Items must write disjoint outputs.
+template <class Small, class F>
+void parallel_for_small_then_large(int count, Small&& small, F&& body) {
+  std::vector<int> small_items, large_items;
+  for (int item = 0; item < count; ++item) (small(item) ? small_items : large_items).push_back(item);
+  parallel_for(int(small_items.size()), [&](int i) { body(small_items[i]); });
+  for (int item : large_items) body(item);
+}
+
 }  // namespace flamia

@@ -209,14 +209,7 @@ ForwardOutputs reference_forward(const PackedTensor& q, const PackedTensor& k, c
 
   // Rows are independent: one task per (document, query head, block of rows), so a long document
   // spreads over every core; each row's arithmetic is the same whatever the split.
-  struct Task {
-    int doc, h, p0;
-  };
-  std::vector<Task> tasks;
-  for (int doc = 0; doc < docs.count(); ++doc)
-    for (int h = 0; h < Hq; ++h)
-      for (int p0 = 0; p0 < docs.length(doc); p0 += kRowBlock) tasks.push_back({doc, h, p0});
-
+  const std::vector<RowBlock> tasks = row_blocks(docs, Hq, kRowBlock);
   parallel_for(int(tasks.size()), [&](int task) {
     const auto [doc, h, b0] = tasks[task];
     const int begin = docs.begin(doc), len = docs.length(doc), b1 = std::min(len, b0 + kRowBlock);
@@ -344,11 +337,8 @@ Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const
       std::copy_n(dv.data() + size_t(j) * dp, D, out.dv.row(begin + j, g));
     }
   };
-  std::vector<int> short_items, long_items;
-  for (int item = 0; item < docs.count() * Hkv; ++item)
-    (docs.length(item / Hkv) <= kRowBlock ? short_items : long_items).push_back(item);
-  parallel_for(int(short_items.size()), [&](int i) { run_item(short_items[i]); });
-  for (int item : long_items) run_item(item);
+  parallel_for_small_then_large(
+      docs.count() * Hkv, [&](int item) { return docs.length(item / Hkv) <= kRowBlock; }, run_item);
   return out;
 }
 

@@ -142,13 +142,7 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
   // Rows are independent: one task per (document, head, block of query rows), so a long document
   // spreads over every core. Each row's arithmetic is the same whatever the split.
   constexpr int kRowBlock = tiling::kFwdQueryTile;
-  struct Task {
-    int doc, h, p0;
-  };
-  std::vector<Task> tasks;
-  for (int doc = 0; doc < docs.count(); ++doc)
-    for (int h = 0; h < Hq; ++h)
-      for (int p0 = 0; p0 < docs.length(doc); p0 += kRowBlock) tasks.push_back({doc, h, p0});
+  const std::vector<RowBlock> tasks = row_blocks(docs, Hq, kRowBlock);
   std::vector<RouteStats> task_stats(tasks.size());
 
   parallel_for(int(tasks.size()), [&](int t) {
@@ -367,11 +361,8 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
       std::copy_n(&dv[size_t(j) * D], D, out.dv.row(begin + j, kvh));
     }
   };
-  std::vector<int> short_items, long_items;
-  for (int item = 0; item < docs.count() * Hkv; ++item)
-    (docs.length(item / Hkv) <= kQT ? short_items : long_items).push_back(item);
-  parallel_for(int(short_items.size()), [&](int i) { run_item(short_items[i]); });
-  for (int item : long_items) run_item(item);
+  parallel_for_small_then_large(
+      docs.count() * Hkv, [&](int item) { return docs.length(item / Hkv) <= kQT; }, run_item);
   if (in.hadamard) {  // gradients w.r.t. the rotated Q and K rotate back with the same matrix
     hadamard_rotate(out.dq);
     hadamard_rotate(out.dk);
