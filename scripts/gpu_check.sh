@@ -3,11 +3,12 @@
 # Python package offline, run the PyTorch op and transformers tests, and (with --bench) the GPU
 # numerics table and the forward and training-call benchmarks.
 #
-#   scripts/gpu_check.sh [--bench] [--no-tests] [--bench-args "--rounds 10 --workloads 16x4096"]
+#   scripts/gpu_check.sh [--bench] [--no-tests] [--no-install] [--bench-args "--rounds 10 --workloads 16x4096"]
 #
 # The tests take ~8 minutes on an H200 (most of it the CPU emulation the GPU results are compared
 # with) and the benchmarks ~6: where one call is limited to 10 minutes, run the tests in one call
-# and `--bench --no-tests` (build, install, benchmarks only) in the next.
+# and `--bench --no-tests` (build, install, benchmarks only) in the next. --no-install uses the
+# flamia package already installed (for example while another job on the machine imports it).
 #
 # Every step runs even when an earlier one failed (except where it needs the earlier one's
 # output); the exit status is nonzero when any step failed. Benchmark results go to $OUT when it
@@ -21,11 +22,13 @@ JOBS=${JOBS:-16}
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 RUN_BENCH=0
 RUN_TESTS=1
+RUN_INSTALL=1
 BENCH_ARGS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench) RUN_BENCH=1 ;;
     --no-tests) RUN_TESTS=0 ;;
+    --no-install) RUN_INSTALL=0 ;;
     --bench-args) shift; BENCH_ARGS=${1:-} ;;
     -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1 (try --help)" >&2; exit 2 ;;
@@ -98,14 +101,21 @@ fi
 
 # The package builds its own copy of the library (scikit-build-core, Release, no tests, no CLI).
 install_ok=0
-run_step "pip install" "$PYTHON" -m pip install --no-build-isolation --no-deps -q . && install_ok=1
+if [ "$RUN_INSTALL" -eq 1 ]; then
+  run_step "pip install" "$PYTHON" -m pip install --no-build-isolation --no-deps -q . && install_ok=1
+elif "$PYTHON" -c 'import flamia' 2>/dev/null; then
+  echo "gpu_check: --no-install: using the installed flamia package"
+  install_ok=1
+else
+  skip_step "pip install" "--no-install, and no flamia package is installed"
+fi
 
 if [ "$RUN_TESTS" -eq 0 ]; then
   :
 elif [ "$install_ok" -eq 1 ]; then
   # From the repo root, `import flamia` finds the installed package (python/ is not on the path).
   run_step "pytest (torch op, transformers)" "$PYTHON" -m pytest -q -rs tests/python/test_torch_op.py \
-    tests/python/test_hf_integration.py
+    tests/python/test_hf_integration.py tests/python/test_leak_attention.py
 else
   skip_step "pytest (torch op, transformers)" "pip install failed"
 fi

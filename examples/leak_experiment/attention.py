@@ -1,32 +1,34 @@
 """The four attention implementations the leak experiment trains with, registered for transformers
-under the names in CONFIGS (through flamia.hf's packed-attention mechanism, so all four see the same
-document boundaries):
+under the names in configs.CONFIGS (through flamia.hf's packed-attention mechanism, so all of them see
+the same document boundaries):
 
   bf16      exact attention in BF16: FA2 varlen (torch.nn.attention.varlen), causal per document;
             also the reference every checkpoint is evaluated under
   document  flamia MXFP8, isolation="document" (the default)
   prefix    flamia MXFP8, isolation="prefix" (strict prefix isolation)
-  leaky     a deliberately leaky positive control: K and V fake-quantized to 4-bit E2M1 codes with
-            one scale per 32-token block of the packed row, the block's amax / 6 (not a power of
-            two), so a block's scale, and with it every reconstruction error in the block, depends
-            on the block's later tokens: across the causal frontier and across documents. The
-            gradient reaches the scale (the rounding residual is a constant times the scale), so
+  e2m1      K and V fake-quantized to 4-bit E2M1 codes with one scale per (token, head), amax / 6:
+            the leaky control's quantization noise without its leak (a token's scale sees only that
+            token), so the two differ only in whether a scale group crosses the causal frontier
+  leaky     a deliberately leaky positive control: the same 4-bit E2M1 fake quantization with one
+            scale per 32-token block of the packed row (and head), the block's amax / 6 (not a power
+            of two), so a block's scale, and with it every reconstruction error in the block,
+            depends on the block's later tokens: across the causal frontier and across documents.
+            The gradient reaches the scale (the rounding residual is a constant times the scale), so
             training can find and use the channel. Attention itself is exact (bf16 above).
+  leaky_tile a second, blunt positive control: exact BF16 attention whose causal mask works at
+            the granularity of 32-token tiles of each document (a query sees the later tokens of
+            its own tile: the classic FlashAttention bug of skipping the element mask on the
+            diagonal tile). Here the future is read directly, so training is sure to use it: the
+            control that shows the evaluation detects a leak the model has learned to use.
 """
 
 import inspect
 
 import torch
+import torch.nn.functional as F
 
 import flamia.hf
-
-CONFIGS = {
-    "bf16": "leak_bf16",
-    "document": "leak_flamia_document",
-    "prefix": "leak_flamia_prefix",
-    "leaky": "leak_leaky_e2m1",
-}
-REFERENCE = "bf16"
+from configs import CONFIGS, REFERENCE  # noqa: F401  (REFERENCE: train.py's evaluation reference)
 
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 LEAK_BLOCK = 32
@@ -60,9 +62,9 @@ def e2m1_round(y):
     return torch.sign(y) * grid[torch.bucketize(y.abs(), mids, right=True)]
 
 
-def leaky_fake_quant(x, block=LEAK_BLOCK):
+def e2m1_fake_quant(x, block):
     """x [T, H, D] -> E2M1 fake-quantized with one scale per (block of tokens of the packed row,
-    head), scale = amax / 6. Forward: the quantized values. Backward: identity through the rounding,
+    head), scale = amax / 6; block = 1 is one scale per token (causal-safe). Forward: the quantized values. Backward: identity through the rounding,
     and the rounding residual's derivative through the scale (so the amax, often a later token, gets
     a gradient)."""
     t, h, d = x.shape
@@ -74,14 +76,44 @@ def leaky_fake_quant(x, block=LEAK_BLOCK):
     return out.view(-1, h, d)[:t].to(x.dtype)
 
 
-def register_all(leak_block=LEAK_BLOCK):
-    """Registers the four implementations with transformers; returns {config: name}. leak_block is
-    the leaky control's scale group (tokens of the packed row): longer blocks reach further ahead."""
-    def leaky(q, k, v, cu, max_len, scale):
-        return exact_bf16(q, leaky_fake_quant(k, leak_block), leaky_fake_quant(v, leak_block), cu, max_len, scale)
+def tile_masked_bf16(row_tokens, tile=LEAK_BLOCK):
+    """Exact attention (SDPA, BF16) over packed rows of row_tokens tokens whose mask lets query i see
+    key j of its document when j's tile (position in the document // tile) is not after i's."""
+    def attention(q, k, v, cu, max_len, scale):
+        t, h, d = q.shape
+        if t % row_tokens or not bool(torch.isin(torch.arange(0, t + 1, row_tokens, device=cu.device, dtype=cu.dtype), cu).all()):
+            raise ValueError(f"leaky_tile: expects rows of {row_tokens} tokens, each starting a document")
+        rows = t // row_tokens
+        if k.shape[1] != h:  # GQA: give every query head its K/V head
+            k, v = k.repeat_interleave(h // k.shape[1], dim=1), v.repeat_interleave(h // k.shape[1], dim=1)
+        token = torch.arange(t, device=q.device, dtype=cu.dtype)
+        doc = torch.searchsorted(cu, token, right=True) - 1
+        tile_of = ((token - cu[doc]) // tile).view(rows, row_tokens)
+        doc = doc.view(rows, row_tokens)
+        visible = (doc[:, :, None] == doc[:, None, :]) & (tile_of[:, None, :] <= tile_of[:, :, None])
+
+        def rows_first(x):
+            return x.view(rows, row_tokens, h, d).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(rows_first(q), rows_first(k), rows_first(v), attn_mask=visible[:, None],
+                                             scale=scale)
+        return out.transpose(1, 2).reshape(t, h, d)
+    return attention
+
+
+def register_all(leak_block=LEAK_BLOCK, row_tokens=2048):
+    """Registers the implementations of configs.CONFIGS with transformers; returns {config: name}.
+    leak_block is the leaky controls' scale group / tile (tokens): longer blocks reach further
+    ahead; row_tokens is the packed row length (the tile-mask control works row by row)."""
+    def fake_quant_kv(block):
+        def attention(q, k, v, cu, max_len, scale):
+            return exact_bf16(q, e2m1_fake_quant(k, block), e2m1_fake_quant(v, block), cu, max_len, scale)
+        return attention
 
     flamia.hf.register_packed_attention(CONFIGS["bf16"], exact_bf16)
     flamia.hf.register(CONFIGS["document"], isolation="document")
     flamia.hf.register(CONFIGS["prefix"], isolation="prefix")
-    flamia.hf.register_packed_attention(CONFIGS["leaky"], leaky)
+    flamia.hf.register_packed_attention(CONFIGS["e2m1"], fake_quant_kv(1))
+    flamia.hf.register_packed_attention(CONFIGS["leaky"], fake_quant_kv(leak_block))
+    flamia.hf.register_packed_attention(CONFIGS["leaky_tile"], tile_masked_bf16(row_tokens, leak_block))
     return dict(CONFIGS)

@@ -16,7 +16,9 @@ import re
 import statistics
 import sys
 
-ORDER = ("bf16", "document", "prefix", "leaky")
+from configs import CONFIGS
+
+ORDER = tuple(CONFIGS)
 
 
 def load(runs):
@@ -47,10 +49,15 @@ def spread(values):
     return statistics.mean(values), (max(values) - min(values)) / 2 if len(values) > 1 else float("nan")
 
 
+def ordered(runs):
+    """The configurations present, in configs.py's order, then any others."""
+    return [c for c in ORDER if c in runs] + [c for c in runs if c not in ORDER]
+
+
 def markdown(runs):
     lines = ["| config | seeds | step | val loss, own kernel | val loss, exact BF16 attention | gap (exact - own) | "
              "tokens/s |", "|---|---|---|---|---|---|---|"]
-    for config in [c for c in ORDER if c in runs] + [c for c in runs if c not in ORDER]:
+    for config in ordered(runs):
         rows = [r for r in (summarize(e) for e in runs[config].values()) if r]
         if not rows:
             continue
@@ -69,31 +76,39 @@ def markdown(runs):
 
 
 def plot(runs, path):
+    """Three panels: training loss, validation loss (own kernel solid, exact attention dashed) and the
+    gap per evaluation; one color per configuration, one line per seed."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    colors = dict(zip(ORDER, ("black", "tab:blue", "tab:green", "tab:red")))
-    for config, seeds in runs.items():
-        for seed, entries in seeds.items():
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    palette = ("black", "tab:blue", "tab:green", "tab:orange", "tab:red", "tab:purple", "tab:brown", "tab:gray")
+    colors = dict(zip(ordered(runs), palette))
+    for config in ordered(runs):
+        c = colors[config]
+        for n, (seed, entries) in enumerate(sorted(runs[config].items())):
+            label = config if n == 0 else None  # one legend entry per configuration
             train = [(e["step"], e["train_loss"]) for e in entries if "train_loss" in e]
-            evals = [(e["step"], e["val_own"], e["val_ref"]) for e in entries if "val_own" in e]
-            label = f"{config} s{seed}"
-            c = colors.get(config)
+            evals = [(e["step"], e["val_own"], e["val_ref"], e["gap"]) for e in entries if "val_own" in e]
             if train:
-                axes[0].plot(*zip(*train), color=c, alpha=0.8, label=label)
+                axes[0].plot(*zip(*train), color=c, alpha=0.7, lw=1, label=label)
             if evals:
-                s, own, ref = zip(*evals)
-                axes[1].plot(s, own, color=c, marker="o", label=f"{label}, own kernel")
-                axes[1].plot(s, ref, color=c, marker="x", linestyle="--", label=f"{label}, exact attention")
-    axes[0].set(title="training loss", xlabel="step", ylabel="loss (nats/byte)")
-    axes[1].set(title="validation loss", xlabel="step", ylabel="loss (nats/byte)")
+                s, own, ref, gap = zip(*evals)
+                axes[1].plot(s, own, color=c, marker="o", ms=3, label=label)
+                axes[1].plot(s, ref, color=c, marker="x", ms=4, linestyle="--")
+                axes[2].plot(s, gap, color=c, marker="o", ms=3, label=label)
+    axes[0].set(title="training loss", xlabel="step", ylabel="loss (nats/byte)", yscale="log")
+    axes[1].set(title="validation loss: own kernel (solid), exact attention (dashed)", xlabel="step",
+                ylabel="loss (nats/byte)", yscale="log")
+    axes[2].set(title="gap = exact - own (a learned leak makes it positive)", xlabel="step", ylabel="nats/byte")
+    axes[2].set_yscale("symlog", linthresh=1e-2)
+    axes[2].axhline(0, color="gray", lw=0.8)
     for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
 
 
 def main(argv=None):

@@ -7,7 +7,8 @@
 #   DATA=.carry/corpus RUNS=runs SEEDS="0 1" STEPS=1200 BUDGET_S=540 bash examples/leak_experiment/run_all.sh
 #
 # BUDGET_S: stop starting new work after this many seconds (a run in flight finishes its current
-# --max-steps-this-call chunk of CHUNK steps). Extra arguments go to every train.py call.
+# --max-steps-this-call chunk of CHUNK steps). CONFIGS: which configurations (default: all of
+# configs.py, in its order). Extra arguments go to every train.py call.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 DATA=${DATA:-.carry/corpus}
@@ -17,9 +18,10 @@ STEPS=${STEPS:-1200}
 CHUNK=${CHUNK:-400}
 BUDGET_S=${BUDGET_S:-0}
 PYTHON=${PYTHON:-python3}
+CONFIGS=${CONFIGS:-$(cd examples/leak_experiment && "$PYTHON" -c 'import configs; print(*configs.CONFIGS)')}
 start=$SECONDS
 for seed in $SEEDS; do
-  for config in bf16 document prefix leaky; do
+  for config in $CONFIGS; do
     out="$RUNS/${config}_s${seed}"
     while true; do
       if [ -f "$out/run.json" ] && grep -q '"done": true' "$out/run.json"; then

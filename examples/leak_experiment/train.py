@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Leak experiment, one run: train a small byte-level Llama on packed kernel documentation with one
-attention configuration (bf16, document, prefix or leaky; see attention.py), evaluating every
+attention configuration (bf16, document, prefix, e2m1 or leaky; see attention.py), evaluating every
 checkpoint's validation loss twice: through its own attention and through exact BF16 attention.
 
 The model, the data order and the initialisation depend only on --seed, so runs of different
@@ -27,6 +27,7 @@ sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
 
+import configs  # noqa: E402
 import packing  # noqa: E402
 
 
@@ -34,7 +35,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, type=pathlib.Path, help="corpus.py output folder")
-    p.add_argument("--config", required=True, choices=("bf16", "document", "prefix", "leaky"))
+    p.add_argument("--config", required=True, choices=tuple(configs.CONFIGS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, type=pathlib.Path)
     p.add_argument("--steps", type=int, default=1200, help="optimizer steps of the whole run")
@@ -50,7 +51,7 @@ def parse_args(argv=None):
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--eval-rows", type=int, default=0, help="validation rows per evaluation (0: all)")
     p.add_argument("--log-every", type=int, default=25)
-    p.add_argument("--leak-block", type=int, default=32, help="the leaky control's scale group, in tokens")
+    p.add_argument("--leak-block", type=int, default=32, help="the leaky controls' scale group / mask tile, in tokens")
     args = p.parse_args(argv)
     if args.width % args.head_dim or (args.width // args.head_dim) % args.kv_groups:
         p.error("--width must be a multiple of --head-dim, and the head count a multiple of --kv-groups")
@@ -126,8 +127,8 @@ def main(argv=None):
 
     import attention
 
-    names = attention.register_all(args.leak_block)
-    own, reference = names[args.config], names[attention.REFERENCE]
+    names = attention.register_all(args.leak_block, args.row_tokens)
+    own, reference = names[args.config], names[configs.REFERENCE]
     args.out.mkdir(parents=True, exist_ok=True)
     log = (args.out / "metrics.jsonl").open("a")
 
