@@ -228,6 +228,40 @@ TEST(DeviceCodecs, Bf16WideningMatchesTheHostExhaustively) {
   EXPECT_EQ(bad, 0u);
 }
 
+// The kernel's codes come from the hardware conversion detail::encode_scaled_e4m3x2; it must equal
+// the shared codec formats::encode_scaled_e4m3 on its whole domain: every finite BF16 value under
+// every UE8M0 scale code (NaN included), both halves of the pair. out[scale * 65536 + pattern].
+__global__ void encode_every_pattern_under_every_scale(uint8_t* out) {
+  const uint32_t scale = blockIdx.y;
+  const uint32_t first = 2 * (blockIdx.x * blockDim.x + threadIdx.x);  // patterns first, first + 1
+  if (first >= 0x10000u) return;
+  const uint32_t codes = cuda::detail::encode_scaled_e4m3x2(first | ((first + 1) << 16), uint8_t(scale));
+  out[scale * 0x10000u + first] = uint8_t(codes);
+  out[scale * 0x10000u + first + 1] = uint8_t(codes >> 8);
+}
+
+TEST_F(Gpu, E4m3PairConversionMatchesTheSharedCodecExhaustively) {
+  DeviceBuffer<uint8_t> out(size_t(256) * 0x10000);
+  out.fill_bytes(kSentinel);
+  encode_every_pattern_under_every_scale<<<dim3(0x10000 / 2 / 256, 256), 256>>>(out.get());
+  CUDA_CHECK(cudaGetLastError());
+  const std::vector<uint8_t> got = out.download();
+  size_t bad = 0, checked = 0;
+  for (uint32_t scale = 0; scale < 256; ++scale) {
+    for (uint32_t b = 0; b < 0x10000; ++b) {
+      if (((b >> 7) & 0xFF) == 0xFF) continue;  // NaN and Inf: their group's scale is NaN (codes 0)
+      const uint8_t want = formats::encode_scaled_e4m3(bf16_bits_value(uint16_t(b)), uint8_t(scale));
+      const uint8_t have = got[scale * 0x10000u + b];
+      ++checked;
+      if (have != want && bad++ < 5)
+        ADD_FAILURE() << "bf16 " << hex(b) << " scale " << hex(scale) << ": device " << hex(have) << ", codec "
+                      << hex(want);
+    }
+  }
+  EXPECT_EQ(checked, size_t(256) * 65280);
+  EXPECT_EQ(bad, 0u);
+}
+
 // ---- random normal inputs over the shapes of the brief ----------------------------------------
 
 using RandomParam = std::tuple<int, int, ScaleGeometry, ScaleRule, bool>;  // heads, dim, geometry, rule, spread

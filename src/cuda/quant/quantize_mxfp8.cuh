@@ -4,7 +4,10 @@
 // codes and scales written here are bitwise identical to it. Scale groups are counted from each
 // document start (block32: 32 tokens x D features of one head, the last group of a document may
 // be short; token: one token x D features), amax is NaN as soon as the group holds a NaN or Inf
-// (scale 0xFF; formats::encode_scaled_e4m3 stores such a group's codes as zeros), and the scale and codes come from the shared host/device codecs in src/formats/.
+// (scale 0xFF; formats::encode_scaled_e4m3 stores such a group's codes as zeros). The scale comes
+// from the shared host/device codec formats::scale_for_amax; the codes from the hardware E4M3
+// conversion (detail::encode_scaled_e4m3x2), which equals the shared codec
+// formats::encode_scaled_e4m3 on every input the kernel gives it (tested exhaustively on the GPU).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -14,6 +17,9 @@
 #include <cstdint>
 
 #include "core/options.h"
+#ifdef __CUDACC__
+#include "cuda/fp8_convert.cuh"
+#endif
 #include "formats/host_device.h"
 #include "formats/minifloat.h"
 #include "formats/scales.h"
@@ -22,8 +28,8 @@ namespace flamia::cuda {
 
 namespace detail {
 
-// The two per-element steps of the kernel, host- and device-callable so that host tests can
-// check them exhaustively against the host codecs (tests/gpu/test_quantize_gpu.cu).
+// The per-element steps of the kernel, exposed so that tests can check them exhaustively against
+// the host codecs (tests/gpu/test_quantize_gpu.cu).
 
 // The double a BF16 bit pattern (low 16 bits) represents. Exact: ldexp of a small integer, and
 // no float step, so the result cannot depend on FTZ or fast-math flags.
@@ -39,6 +45,26 @@ FLAMIA_HD double bf16_bits_to_double(uint32_t bits) {
   }
   return (bits & 0x8000u) ? -mag : mag;
 }
+
+#ifdef __CUDACC__
+// formats::encode_scaled_e4m3 of the two BF16 values packed in w (low half first) under the UE8M0
+// scale code `scale`, as two bytes (low byte = low half), for finite values: a group holding NaN or
+// Inf has the NaN scale, whose codes are zero. The fast form of the shared double codec:
+//   - x * 2^-e is exact in float (BF16 widens exactly; a power of two only moves the exponent)
+//     unless it falls below 2^-126, and every such value is < 2^-10, half E4M3's smallest
+//     subnormal, so it and its float rounding both encode as a signed zero;
+//   - the conversion (pack_e4m3x2) rounds to nearest even, subnormals included, and saturates
+//     finite values beyond 448 to +-448, as the codec does;
+//   - the multiply is inline PTX without .ftz, so a BF16 subnormal is not flushed under -ftz.
+__device__ __forceinline__ uint32_t encode_scaled_e4m3x2(uint32_t w, uint8_t scale) {
+  if (formats::ue8m0_is_nan(scale)) return 0u;
+  const float inv_scale = exp2i_float(-formats::ue8m0_exponent(scale));
+  float lo, hi;
+  asm("mul.rn.f32 %0, %1, %2;" : "=f"(lo) : "f"(__uint_as_float(w << 16)), "f"(inv_scale));
+  asm("mul.rn.f32 %0, %1, %2;" : "=f"(hi) : "f"(__uint_as_float(w & 0xFFFF0000u)), "f"(inv_scale));
+  return pack_e4m3x2(lo, hi);
+}
+#endif
 
 }  // namespace detail
 

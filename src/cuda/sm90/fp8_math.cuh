@@ -3,10 +3,9 @@
 // that lets a wgmma accumulator become the register A operand of the next product without shuffles.
 #pragma once
 
-#include <cuda_fp8.h>
-
 #include <cstdint>
 
+#include "cuda/fp8_convert.cuh"
 #include "formats/scales.h"
 
 namespace flamia::cuda::sm90 {
@@ -15,13 +14,9 @@ __device__ __forceinline__ float nan_max(float a, float b) { return (a != a || b
 
 inline constexpr int kNaNExponent = 1 << 20;  // stands for the UE8M0 NaN code in exponent arithmetic
 
-// 2^e, exact (built from the bits), for any integer e: 0 below the float range, +inf above it, NaN
-// for the NaN marker.
+// 2^e, exact, for any integer e: 0 below the float range, +inf above it, NaN for the NaN marker.
 __device__ __forceinline__ float pow2i(int e) {
-  if (e >= kNaNExponent / 2) return __int_as_float(0x7fc00000);
-  if (e > 127) return __int_as_float(0x7f800000);
-  if (e >= -126) return __int_as_float((e + 127) << 23);
-  return e >= -149 ? __int_as_float(1 << (e + 149)) : 0.f;
+  return e >= kNaNExponent / 2 ? __int_as_float(0x7fc00000) : exp2i_float(e);
 }
 __device__ __forceinline__ int scale_exponent(uint8_t code) {
   return formats::ue8m0_is_nan(code) ? kNaNExponent : formats::ue8m0_exponent(code);
@@ -32,17 +27,8 @@ __device__ __forceinline__ int add_exponents(int a, int b) {
   return (a >= kNaNExponent / 2 || b >= kNaNExponent / 2) ? kNaNExponent : a + b;
 }
 
-// Two floats to two E4M3 codes (round to nearest even, saturating; NaN stays NaN), lo in the low byte.
-__device__ __forceinline__ uint32_t pack_e4m3x2(float lo, float hi) {
-  return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
-}
-
-// The value of an E4M3 code.
-__device__ __forceinline__ float decode_e4m3(uint8_t code) {
-  __nv_fp8_e4m3 x;
-  x.__x = code;
-  return float(x);
-}
+using cuda::decode_e4m3;
+using cuda::pack_e4m3x2;
 
 // Sum / max over the 4 lanes (t = 0..3) that share an accumulator row.
 __device__ __forceinline__ float quad_sum(float x) {

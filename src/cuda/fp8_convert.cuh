@@ -1,0 +1,32 @@
+// Exact powers of two and the hardware E4M3 conversions, shared by the quantization kernel and the
+// Hopper attention kernels (device code only).
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace flamia::cuda {
+
+// 2^e as a float, exact (built from the bits), for any integer e: subnormal down to 2^-149, 0
+// below, +inf above 2^127.
+__device__ __forceinline__ float exp2i_float(int e) {
+  if (e > 127) return __int_as_float(0x7f800000);
+  if (e >= -126) return __int_as_float((e + 127) << 23);
+  return e >= -149 ? __int_as_float(1 << (e + 149)) : 0.f;
+}
+
+// Two floats to two E4M3 codes (round to nearest even, subnormals included; finite values beyond
+// 448 saturate to +-448; NaN stays NaN), lo in the low byte.
+__device__ __forceinline__ uint32_t pack_e4m3x2(float lo, float hi) {
+  return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
+}
+
+// The value of an E4M3 code.
+__device__ __forceinline__ float decode_e4m3(uint8_t code) {
+  __nv_fp8_e4m3 x;
+  x.__x = code;
+  return float(x);
+}
+
+}  // namespace flamia::cuda
