@@ -1,5 +1,6 @@
 // Element-wise helpers shared by the Hopper attention kernels (forward and backward): exact powers
-// of two from UE8M0 scale codes, the NaN-propagating max, E4M3 packing, and the key permutation
+// of two from UE8M0 scale codes, the NaN-propagating max, E4M3 packing (from cuda/fp8_convert.cuh,
+// shared with the quantizer), and the key permutation
 // that lets a wgmma accumulator become the register A operand of the next product without shuffles.
 #pragma once
 
