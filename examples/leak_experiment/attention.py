@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 import flamia.hf
-from configs import CONFIGS, REFERENCE  # noqa: F401  (REFERENCE: train.py's evaluation reference)
+from configs import CONFIGS
 
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 LEAK_BLOCK = 32
@@ -64,9 +64,9 @@ def e2m1_round(y):
 
 def e2m1_fake_quant(x, block):
     """x [T, H, D] -> E2M1 fake-quantized with one scale per (block of tokens of the packed row,
-    head), scale = amax / 6; block = 1 is one scale per token (causal-safe). Forward: the quantized values. Backward: identity through the rounding,
-    and the rounding residual's derivative through the scale (so the amax, often a later token, gets
-    a gradient)."""
+    head), scale = amax / 6; block = 1 is one scale per token (causal-safe). Forward: the quantized
+    values. Backward: identity through the rounding, and the rounding residual's derivative through
+    the scale (so the amax, often a later token, gets a gradient)."""
     t, h, d = x.shape
     pad = (-t) % block
     xf = torch.nn.functional.pad(x.float(), (0, 0, 0, 0, 0, pad)).view(-1, block, h, d)
