@@ -5,7 +5,7 @@
 #
 #   scripts/gpu_check.sh [--bench] [--no-tests] [--no-install] [--bench-args "--rounds 10 --workloads 16x4096"]
 #
-# The tests take ~8 minutes on an H200 (most of it the CPU emulation the GPU results are compared
+# The tests take ~5 minutes on an H200 (most of it the CPU emulation the GPU results are compared
 # with) and the benchmarks ~6: where one call is limited to 10 minutes, run the tests in one call
 # and `--bench --no-tests` (build, install, benchmarks only) in the next. --no-install uses the
 # flamia package already installed (for example while another job on the machine imports it).
