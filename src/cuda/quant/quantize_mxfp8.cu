@@ -7,9 +7,9 @@
 //      max |x|, or a non-finite pattern whenever the group holds a NaN or Inf, which the CPU's
 //      nan_max_abs turns into NaN. The max is associative, so the parallel reduction order does
 //      not matter.
-//   2. Values. A BF16 pattern is converted to the double it represents without any float step
-//      (detail::bf16_bits_to_double), so the result does not depend on FTZ or fast-math flags;
-//      the CPU holds the same doubles (the inputs are exactly BF16).
+//   2. The amax's value. The group's max pattern is converted to the double it represents without
+//      any float step (detail::bf16_bits_to_double), so it does not depend on FTZ or fast-math
+//      flags; the CPU holds the same double (the inputs are exactly BF16).
 //   3. The scale comes from the shared FLAMIA_HD codec formats::scale_for_amax, evaluated in
 //      double exactly as on the host (frexp, comparisons, integer arithmetic: exact in CUDA's
 //      double math), once per group.
