@@ -72,8 +72,8 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardP
 
   const int64_t kv_pitch = int64_t(p.kv_heads) * D, q_pitch = int64_t(p.q_heads) * D;
   const int64_t kv_offset = (int64_t(d.begin + k0) * p.kv_heads + kvh) * D;
-  stage_code_tile<D, kKeyRows>(p.k_codes + kv_offset, kv_pitch, d.len - k0, sm.k, nullptr);
-  stage_code_tile<D, kKeyRows>(p.v_codes + kv_offset, kv_pitch, d.len - k0, sm.v, nullptr);
+  stage_code_tile<D, kKeyRows, kThreads>(p.k_codes + kv_offset, kv_pitch, d.len - k0, sm.k, nullptr);
+  stage_code_tile<D, kKeyRows, kThreads>(p.v_codes + kv_offset, kv_pitch, d.len - k0, sm.v, nullptr);
 
   float dk_acc[D / 2], dv_acc[D / 2];
   zero(dk_acc);
@@ -91,8 +91,8 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardP
     for (int q0 = q_begin; q0 < d.len; q0 += kQueryTile) {
       __syncthreads();  // the previous tile's readers are done (its wgmmas were waited for)
       const int64_t q_offset = (int64_t(d.begin + q0) * p.q_heads + h) * D;
-      stage_code_tile<D, kQueryTile>(p.q_codes + q_offset, q_pitch, d.len - q0, sm.q, sm.qt);
-      stage_code_tile<D, kQueryTile>(p.g_codes + q_offset, q_pitch, d.len - q0, sm.g, sm.gt);
+      stage_code_tile<D, kQueryTile, kThreads>(p.q_codes + q_offset, q_pitch, d.len - q0, sm.q, sm.qt);
+      stage_code_tile<D, kQueryTile, kThreads>(p.g_codes + q_offset, q_pitch, d.len - q0, sm.g, sm.gt);
       for (int i = threadIdx.x; i < kQueryTile; i += blockDim.x) {
         const int64_t token = d.begin + min(q0 + i, d.len - 1);
         const int64_t s = token * p.q_heads + h;

@@ -67,8 +67,8 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardPar
   }
 
   const int64_t q_offset = (int64_t(d.begin + q0) * p.q_heads + h) * D, q_pitch = int64_t(p.q_heads) * D;
-  stage_code_tile<D, kQueryRows>(p.q_codes + q_offset, q_pitch, d.len - q0, sm.q, nullptr);
-  stage_code_tile<D, kQueryRows>(p.g_codes + q_offset, q_pitch, d.len - q0, sm.g, nullptr);
+  stage_code_tile<D, kQueryRows, kThreads>(p.q_codes + q_offset, q_pitch, d.len - q0, sm.q, nullptr);
+  stage_code_tile<D, kQueryRows, kThreads>(p.g_codes + q_offset, q_pitch, d.len - q0, sm.g, nullptr);
 
   float dq_acc[D / 2];
   zero(dq_acc);
@@ -77,8 +77,8 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardPar
   for (int k0 = 0; k0 <= last_key; k0 += kKeyTile) {
     __syncthreads();  // the previous tile's readers are done (its wgmmas were waited for)
     const int64_t kv_offset = (int64_t(d.begin + k0) * p.kv_heads + kvh) * D;
-    stage_code_tile<D, kKeyTile>(p.k_codes + kv_offset, kv_pitch, d.len - k0, sm.k, sm.kt);
-    stage_code_tile<D, kKeyTile>(p.v_codes + kv_offset, kv_pitch, d.len - k0, sm.v, nullptr);
+    stage_code_tile<D, kKeyTile, kThreads>(p.k_codes + kv_offset, kv_pitch, d.len - k0, sm.k, sm.kt);
+    stage_code_tile<D, kKeyTile, kThreads>(p.v_codes + kv_offset, kv_pitch, d.len - k0, sm.v, nullptr);
     for (int j = threadIdx.x; j < kKeyTile; j += blockDim.x) {
       const int64_t s = int64_t(d.begin + min(k0 + j, d.len - 1)) * p.kv_heads + kvh;
       sm.k_pow[j] = pow2_of_scale(p.k_scales[s]);

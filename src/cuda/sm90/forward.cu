@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
   }
 
   // Stage the CTA's Q rows (zeros past the document end) in the core-matrix layout, once.
-  stage_code_tile<D, kQueryRows>(p.q_codes + (int64_t(doc_begin + q0) * p.q_heads + h) * D, int64_t(p.q_heads) * D,
+  stage_code_tile<D, kQueryRows, kWarps * 32>(p.q_codes + (int64_t(doc_begin + q0) * p.q_heads + h) * D, int64_t(p.q_heads) * D,
                                  len - q0, sm.q, nullptr);
 
   float o_acc[D / 2];  // the m64nD accumulator: [n8 block][4] flattened
@@ -93,8 +93,8 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
     // K codes as they are (rows = keys); V codes transposed to rows = features with the keys of
     // each 32-key step in the P operand's permuted order (P.V's B operand is K-major: keys).
     const int64_t kv_offset = (int64_t(doc_begin + k0) * p.kv_heads + kvh) * D, kv_pitch = int64_t(p.kv_heads) * D;
-    stage_code_tile<D, kKeyTile>(p.k_codes + kv_offset, kv_pitch, len - k0, sm.k, nullptr);
-    stage_code_tile<D, kKeyTile>(p.v_codes + kv_offset, kv_pitch, len - k0, nullptr, sm.vt);
+    stage_code_tile<D, kKeyTile, kWarps * 32>(p.k_codes + kv_offset, kv_pitch, len - k0, sm.k, nullptr);
+    stage_code_tile<D, kKeyTile, kWarps * 32>(p.v_codes + kv_offset, kv_pitch, len - k0, nullptr, sm.vt);
     for (int key = threadIdx.x; key < kKeyTile; key += blockDim.x) {
       const bool in_doc = k0 + key < len;
       const size_t s = size_t(doc_begin + (in_doc ? k0 + key : 0)) * p.kv_heads + kvh;
