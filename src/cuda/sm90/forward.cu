@@ -32,6 +32,9 @@ constexpr int kQueryRows = kWarps * kRowsPerWarp;    // 64 queries per CTA
 constexpr int kKeyTile = tiling::kFwdKeyTile;        // 128 keys per online-softmax step
 constexpr int kKeyBlocks = kKeyTile / 8;             // n8 blocks of S per tile
 static_assert(tiling::kFwdKeyTile % kQueryRows == 0, "a CTA's rows must share their diagonal key tile");
+// Until loads are asynchronous, other CTAs on the SM hide each CTA's staging barriers: keep 3 per SM
+// (at most 168 registers at D = 128).
+constexpr int kCtasPerSm = 3;
 
 // Row-group strides of the core-matrix tiles in shared memory (see wgmma.cuh).
 template <int D>
@@ -45,8 +48,58 @@ struct SharedTiles {
   int v_exp[kKeyTile];    // ev_j
 };
 
+// The per-element work of one key tile after S = Q.K^T: scaled scores with the mask applied, where
+// the tile holds keys some row must not see (kMasked); interior tiles skip it.
+template <bool kMasked>
+__device__ __forceinline__ void scale_scores(float (&s)[kKeyTile / 2], const float* k_col, const float (&q_factor)[2],
+                                             int k0, int len, bool causal, const int (&rows)[2],
+                                             const bool (&row_valid)[2], int t, float (&tile_max)[2]) {
+#pragma unroll
+  for (int nb = 0; nb < kKeyBlocks; ++nb) {
+    const float2 kc = *reinterpret_cast<const float2*>(k_col + nb * 8 + 2 * t);  // keys 2t, 2t + 1
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1, kpos = k0 + nb * 8 + 2 * t + (e & 1);
+      float& x = s[nb * 4 + e];
+      x = x * q_factor[r] * ((e & 1) ? kc.y : kc.x);
+      if constexpr (kMasked) {
+        const bool visible = row_valid[r] && kpos < len && (!causal || kpos <= rows[r]);
+        if (!visible) x = -INFINITY;
+      }
+      tile_max[r] = nan_max(tile_max[r], x);
+    }
+  }
+}
+
+// p = 2^(s - m); l sums unrounded p; P~ = E4M3(p 2^(ev_j + fold_bias_i)) packed as P.V's A operand.
+// Masked keys (s = -inf) contribute an exact 0, even when their V scale is NaN.
 template <int D>
-__global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParams p) {
+__device__ __forceinline__ void p_operand(const float (&s)[kKeyTile / 2], const float (&m_new)[2], float (&l)[2],
+                                          const SharedTiles<D>& sm, const int (&fold_bias)[2], int t,
+                                          uint32_t (&pa)[kKeyTile / 32][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kKeyTile / 32; ++kk) {
+    float pf[4][4];  // [n8 block within the step][element]
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const int nb = kk * 4 + b;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1, key = nb * 8 + 2 * t + (e & 1);
+        const float x = s[nb * 4 + e];
+        const bool visible = x != -INFINITY;
+        const float pe = visible ? exp2f(x - m_new[r]) : 0.f;
+        l[r] += pe;
+        const int k_exp = sm.v_exp[key] == kNaNExponent ? kNaNExponent : sm.v_exp[key] + fold_bias[r];
+        pf[b][e] = visible ? pe * pow2i(k_exp) : 0.f;
+      }
+    }
+    pack_a_step(pf, pa[kk]);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) forward_kernel(const ForwardParams p) {
   static_assert(kWarps == 4, "one warpgroup: the 64 query rows are one m64 wgmma");
   __shared__ __align__(128) SharedTiles<D> sm;
   constexpr int kQKStride = SharedTiles<D>::kQKStride, kVtStride = SharedTiles<D>::kVtStride;
@@ -64,7 +117,7 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
   const bool row_valid[2] = {rows[0] < len, rows[1] < len};
   const float scale_log2e = p.softmax_scale * 1.4426950408889634f;
 
-  float q_factor[2], out_factor[2];
+  float q_factor[2];
   int fold_bias[2];  // boost - rho_i: the P operand is p * 2^(ev_j + fold_bias), never above 2^boost
   for (int r = 0; r < 2; ++r) {
     const int tok = doc_begin + (row_valid[r] ? rows[r] : 0);
@@ -74,7 +127,6 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
     const uint8_t rho = p.v_fold_ref[size_t(ref_tok) * p.kv_heads + kvh];
     const int rho_exp = scale_exponent(rho);
     fold_bias[r] = rho_exp == kNaNExponent ? kNaNExponent : p.p_boost_log2 - rho_exp;
-    out_factor[r] = rho_exp == kNaNExponent ? pow2i(kNaNExponent) : pow2i(rho_exp - p.p_boost_log2);
   }
 
   // Stage the CTA's Q rows (zeros past the document end) in the core-matrix layout, once.
@@ -115,18 +167,15 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
     wgmma_wait_all();
     fence_accumulators(s);
 
-    // Scales, mask, running max (visible keys only, so it never looks past the row).
+    // Scales, mask, running max (visible keys only, so it never looks past the row). A tile is
+    // interior when every key is visible to every row: inside the document and, causal, at or
+    // before the CTA's first row.
+    const bool interior = k0 + kKeyTile <= len && (!p.causal || k0 + kKeyTile - 1 <= q0);
     float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nb = 0; nb < kKeyBlocks; ++nb) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1, key = nb * 8 + 2 * t + (e & 1), kpos = k0 + key;
-        const bool visible = row_valid[r] && kpos < len && (!p.causal || kpos <= rows[r]);
-        float& x = s[nb * 4 + e];
-        x = visible ? x * q_factor[r] * sm.k_col[key] : -INFINITY;
-        tile_max[r] = nan_max(tile_max[r], x);
-      }
+    if (interior) {
+      scale_scores<false>(s, sm.k_col, q_factor, k0, len, p.causal, rows, row_valid, t, tile_max);
+    } else {
+      scale_scores<true>(s, sm.k_col, q_factor, k0, len, p.causal, rows, row_valid, t, tile_max);
     }
     float alpha[2], m_new[2];
 #pragma unroll
@@ -140,28 +189,8 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
     }
     scale_rows(o_acc, alpha);
 
-    // p = 2^(s - m); l sums unrounded p; P~ = E4M3(p 2^ev_j 2^(boost - rho_i)) packed as P.V's A operand.
     uint32_t pa[kKeyTile / 32][4];
-#pragma unroll
-    for (int kk = 0; kk < kKeyTile / 32; ++kk) {
-      float pf[4][4];  // [n8 block within the step][element]
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const int nb = kk * 4 + b;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1, key = nb * 8 + 2 * t + (e & 1);
-          const float x = s[nb * 4 + e];
-          const bool visible = x != -INFINITY;
-          const float pe = visible ? exp2f(x - m_new[r]) : 0.f;
-          l[r] += pe;
-          // Masked keys contribute an exact 0, even when their V scale is NaN.
-          const int k_exp = sm.v_exp[key] == kNaNExponent ? kNaNExponent : sm.v_exp[key] + fold_bias[r];
-          pf[b][e] = visible ? pe * pow2i(k_exp) : 0.f;
-        }
-      }
-      pack_a_step(pf, pa[kk]);
-    }
+    p_operand(s, m_new, l, sm, fold_bias, t, pa);
 
     // O += P~ . V codes on the tensor cores, B = V^T from shared memory.
     fence_accumulators(o_acc);
@@ -185,7 +214,9 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const ForwardParam
   for (int r = 0; r < 2; ++r) {
     if (!row_valid[r]) continue;
     const int tok = doc_begin + rows[r];
-    const float f = out_factor[r] / l[r];
+    // 2^(rho_i - boost) undoes the fold; / l normalizes.
+    const float out_factor = fold_bias[r] == kNaNExponent ? pow2i(kNaNExponent) : pow2i(-fold_bias[r]);
+    const float f = out_factor / l[r];
     store_row_bf16(o_acc, r, f, o + tok * p.o_stride_token + h * p.o_stride_head, t);
     if (t == 0) p.lse[size_t(h) * p.total_tokens + tok] = (m[r] + log2f(l[r])) * 0.6931471805599453f;
   }
