@@ -46,6 +46,7 @@ struct SharedTiles {
   uint8_t vt[D * kKeyTile];
   float k_col[kKeyTile];  // 2^ek_j
   int v_exp[kKeyTile];    // ev_j
+  float v_pow[kKeyTile];  // 2^(ev_j - c): interior tiles' half of the V fold (see forward_kernel)
 };
 
 // The per-element work of one key tile after S = Q.K^T: scaled scores with the mask applied, where
@@ -72,26 +73,38 @@ __device__ __forceinline__ void scale_scores(float (&s)[kKeyTile / 2], const flo
 }
 
 // p = 2^(s - m); l sums unrounded p; P~ = E4M3(p 2^(ev_j + fold_bias_i)) packed as P.V's A operand.
-// Masked keys (s = -inf) contribute an exact 0, even when their V scale is NaN.
-template <int D>
+// Masked keys (s = -inf) contribute an exact 0, even when their V scale is NaN. The fold factor is
+// pow2i(ev_j + fold_bias_i) on masked tiles; on interior tiles the equal product
+// v_pow_j * row_pow_i of two powers of two read from shared memory and registers (forward_kernel).
+template <bool kMasked, int D>
 __device__ __forceinline__ void p_operand(const float (&s)[kKeyTile / 2], const float (&m_new)[2], float (&l)[2],
-                                          const SharedTiles<D>& sm, const int (&fold_bias)[2], int t,
-                                          uint32_t (&pa)[kKeyTile / 32][4]) {
+                                          const SharedTiles<D>& sm, const int (&fold_bias)[2],
+                                          const float (&row_pow)[2], int t, uint32_t (&pa)[kKeyTile / 32][4]) {
 #pragma unroll
   for (int kk = 0; kk < kKeyTile / 32; ++kk) {
     float pf[4][4];  // [n8 block within the step][element]
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
       const int nb = kk * 4 + b;
+      float2 vp;
+      int2 ve;
+      if constexpr (kMasked) ve = *reinterpret_cast<const int2*>(sm.v_exp + nb * 8 + 2 * t);
+      else vp = *reinterpret_cast<const float2*>(sm.v_pow + nb * 8 + 2 * t);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1, key = nb * 8 + 2 * t + (e & 1);
+        const int r = e >> 1;
         const float x = s[nb * 4 + e];
         const bool visible = x != -INFINITY;
         const float pe = visible ? exp2f(x - m_new[r]) : 0.f;
         l[r] += pe;
-        const int k_exp = sm.v_exp[key] == kNaNExponent ? kNaNExponent : sm.v_exp[key] + fold_bias[r];
-        pf[b][e] = visible ? pe * pow2i(k_exp) : 0.f;
+        float fold;
+        if constexpr (kMasked) {
+          const int v_exp = (e & 1) ? ve.y : ve.x;
+          fold = pow2i(v_exp == kNaNExponent ? kNaNExponent : v_exp + fold_bias[r]);
+        } else {
+          fold = ((e & 1) ? vp.y : vp.x) * row_pow[r];
+        }
+        pf[b][e] = visible ? pe * fold : 0.f;
       }
     }
     pack_a_step(pf, pa[kk]);
@@ -128,6 +141,17 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) forward_kernel(const 
     const int rho_exp = scale_exponent(rho);
     fold_bias[r] = rho_exp == kNaNExponent ? kNaNExponent : p.p_boost_log2 - rho_exp;
   }
+  // Interior tiles (every key visible to every row) split the V fold 2^(ev_j + fold_bias_i) into
+  // v_pow_j = 2^(ev_j - c) and row_pow_i = 2^(fold_bias_i + c), with c = rho of the CTA's first row
+  // (of the document's last row when not causal). Every key of an interior tile has ev_j <= c <=
+  // rho_i, so both factors are at most 2^boost, and their product equals pow2i(ev_j + fold_bias_i)
+  // exactly: a product of two powers of two is exact down to 2^-149 and rounds to 0 below it, and
+  // where a factor is already 0 the true value is below 2^-141, which E4M3 encodes as 0 either way.
+  // (Rows past the document end get meaningless row_pow; their outputs are never stored, and rows
+  // do not mix in the products.)
+  const int c_exp = scale_exponent(p.v_fold_ref[size_t(p.causal ? doc_begin + q0 : doc_end - 1) * p.kv_heads + kvh]);
+  float row_pow[2];
+  for (int r = 0; r < 2; ++r) row_pow[r] = pow2i(add_exponents(fold_bias[r], c_exp));
 
   // Stage the CTA's Q rows (zeros past the document end) in the core-matrix layout, once.
   stage_code_tile<D, kQueryRows, kWarps * 32>(p.q_codes + (int64_t(doc_begin + q0) * p.q_heads + h) * D, int64_t(p.q_heads) * D,
@@ -150,8 +174,10 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) forward_kernel(const 
     for (int key = threadIdx.x; key < kKeyTile; key += blockDim.x) {
       const bool in_doc = k0 + key < len;
       const size_t s = size_t(doc_begin + (in_doc ? k0 + key : 0)) * p.kv_heads + kvh;
+      const int v_exp = in_doc ? scale_exponent(p.v_scales[s]) : 0;
       sm.k_col[key] = in_doc ? pow2_of_scale(p.k_scales[s]) : 0.f;
-      sm.v_exp[key] = in_doc ? scale_exponent(p.v_scales[s]) : 0;
+      sm.v_exp[key] = v_exp;
+      sm.v_pow[key] = c_exp == kNaNExponent ? pow2i(kNaNExponent) : pow2i(add_exponents(v_exp, -c_exp));
     }
     fence_smem_for_async_proxy();
     __syncthreads();
@@ -190,7 +216,11 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) forward_kernel(const 
     scale_rows(o_acc, alpha);
 
     uint32_t pa[kKeyTile / 32][4];
-    p_operand(s, m_new, l, sm, fold_bias, t, pa);
+    if (interior) {
+      p_operand<false>(s, m_new, l, sm, fold_bias, row_pow, t, pa);
+    } else {
+      p_operand<true>(s, m_new, l, sm, fold_bias, row_pow, t, pa);
+    }
 
     // O += P~ . V codes on the tensor cores, B = V^T from shared memory.
     fence_accumulators(o_acc);
