@@ -65,10 +65,11 @@ void flamia_default_options(flamia_options* options);
 const char* flamia_status_name(flamia_status status);
 
 /* Bytes of device workspace flamia_forward needs (E4M3 codes and UE8M0 scales of q, k, v, and V's
- * running scale max). Depends only on the shapes (data pointers and strides are not read). The
- * workspace passed to flamia_forward must be 256-byte aligned, as cudaMalloc returns it. */
+ * running scale max). Depends only on the shapes and docs->num_docs (data pointers, strides and
+ * cu_seqlens are not read). The workspace passed to flamia_forward must be 256-byte aligned, as
+ * cudaMalloc returns it. */
 flamia_status flamia_forward_workspace_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
-                                            size_t* bytes, flamia_error* error);
+                                            const flamia_documents* docs, size_t* bytes, flamia_error* error);
 
 /* Quantizes q, k, v (document-local groups) and computes o and lse on `stream`. */
 flamia_status flamia_forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
@@ -76,9 +77,10 @@ flamia_status flamia_forward(const flamia_tensor* q, const flamia_tensor* k, con
                              void* workspace, size_t workspace_bytes, void* stream, flamia_error* error);
 
 /* Bytes of device workspace flamia_backward needs (E4M3 codes and UE8M0 scales of q, k, v and dout,
- * dout's running scale max, and D_i in FP32). Depends only on the shapes; 256-byte aligned as above. */
+ * dout's running scale max, and D_i in FP32). Depends only on the shapes and docs->num_docs, as
+ * above; 256-byte aligned as above. */
 flamia_status flamia_backward_workspace_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
-                                             size_t* bytes, flamia_error* error);
+                                             const flamia_documents* docs, size_t* bytes, flamia_error* error);
 
 /* Gradients of the call flamia_forward(q, k, v, docs, options) -> (o, lse) for the incoming gradient
  * dout [T, Hq, D] BF16: dq [T, Hq, D], dk and dv [T, Hkv, D] (BF16, written, not accumulated into).

@@ -181,7 +181,7 @@ def _declare(lib):
     lib.flamia_status_name.argtypes = [_c_enum]
     lib.flamia_status_name.restype = ctypes.c_char_p
     lib.flamia_forward_workspace_size.argtypes = [
-        ptr(Tensor), ptr(Tensor), ptr(Tensor), ptr(ctypes.c_size_t), ptr(Error)]
+        ptr(Tensor), ptr(Tensor), ptr(Tensor), ptr(Documents), ptr(ctypes.c_size_t), ptr(Error)]
     lib.flamia_forward_workspace_size.restype = _c_enum
     lib.flamia_forward.argtypes = [
         ptr(Tensor), ptr(Tensor), ptr(Tensor),  # q, k, v
@@ -193,7 +193,7 @@ def _declare(lib):
     ]
     lib.flamia_forward.restype = _c_enum
     lib.flamia_backward_workspace_size.argtypes = [
-        ptr(Tensor), ptr(Tensor), ptr(Tensor), ptr(ctypes.c_size_t), ptr(Error)]
+        ptr(Tensor), ptr(Tensor), ptr(Tensor), ptr(Documents), ptr(ctypes.c_size_t), ptr(Error)]
     lib.flamia_backward_workspace_size.restype = _c_enum
     lib.flamia_backward.argtypes = [
         ptr(Tensor), ptr(Tensor), ptr(Tensor),  # q, k, v
@@ -250,12 +250,14 @@ def tensor(data_ptr, tokens, heads, dim, stride_token, stride_head, dtype=DTYPE_
                   int(stride_token), int(stride_head))
 
 
-def forward_workspace_size(q, k, v):
-    """Bytes of workspace flamia_forward needs for these shapes (flamia_tensor descriptors)."""
+def forward_workspace_size(q, k, v, docs):
+    """Bytes of workspace flamia_forward needs for these shapes (flamia_tensor descriptors) and
+    docs.num_docs (a Documents; nothing else of it is read)."""
     nbytes = ctypes.c_size_t(0)
     error = Error()
     status = library().flamia_forward_workspace_size(
-        ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(nbytes), ctypes.byref(error))
+        ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(docs), ctypes.byref(nbytes),
+        ctypes.byref(error))
     check(status, error)
     return int(nbytes.value)
 
@@ -270,12 +272,14 @@ def forward(q, k, v, docs, options, o, lse_ptr, workspace_ptr, workspace_bytes, 
     check(status, error)
 
 
-def backward_workspace_size(q, k, v):
-    """Bytes of workspace flamia_backward needs for these shapes (flamia_tensor descriptors)."""
+def backward_workspace_size(q, k, v, docs):
+    """Bytes of workspace flamia_backward needs for these shapes (flamia_tensor descriptors) and
+    docs.num_docs (a Documents; nothing else of it is read)."""
     nbytes = ctypes.c_size_t(0)
     error = Error()
     status = library().flamia_backward_workspace_size(
-        ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(nbytes), ctypes.byref(error))
+        ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(docs), ctypes.byref(nbytes),
+        ctypes.byref(error))
     check(status, error)
     return int(nbytes.value)
 

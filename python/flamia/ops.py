@@ -94,11 +94,12 @@ def _kernel_layout(t):
 
 
 @functools.lru_cache(maxsize=256)
-def _workspace_bytes(tokens, q_heads, kv_heads, dim, backward=False):
-    # The size queries read only the shapes (no data pointer, no stride).
+def _workspace_bytes(tokens, q_heads, kv_heads, dim, num_docs, backward=False):
+    # The size queries read only the shapes and the document count (no pointer, no stride).
     q = _capi.tensor(0, tokens, q_heads, dim, q_heads * dim, dim)
     kv = _capi.tensor(0, tokens, kv_heads, dim, kv_heads * dim, dim)
-    return (_capi.backward_workspace_size if backward else _capi.forward_workspace_size)(q, kv, kv)
+    docs = _capi.Documents(None, None, num_docs, 1)
+    return (_capi.backward_workspace_size if backward else _capi.forward_workspace_size)(q, kv, kv, docs)
 
 
 def _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule):
@@ -147,7 +148,7 @@ def attention_forward(
     docs = _c_documents(cu_seqlens, max_seqlen)
 
     with torch.cuda.device(q.device):
-        nbytes = _workspace_bytes(tokens, q_heads, kv_heads, dim)
+        nbytes = _workspace_bytes(tokens, q_heads, kv_heads, dim, docs.num_docs)
         # The caching allocator returns 512-byte aligned blocks (the C API needs 256).
         workspace = torch.empty((nbytes,), dtype=torch.uint8, device=q.device)
         stream = torch.cuda.current_stream(q.device).cuda_stream
@@ -204,7 +205,7 @@ def attention_backward(
     options = _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule)
     docs = _c_documents(cu_seqlens, max_seqlen)
     with torch.cuda.device(q.device):
-        nbytes = _workspace_bytes(tokens, q_heads, kv_heads, dim, backward=True)
+        nbytes = _workspace_bytes(tokens, q_heads, kv_heads, dim, docs.num_docs, backward=True)
         workspace = torch.empty((nbytes,), dtype=torch.uint8, device=q.device)
         stream = torch.cuda.current_stream(q.device).cuda_stream
         _capi.backward(_descriptor(q), _descriptor(k), _descriptor(v), _descriptor(o), lse.data_ptr(),

@@ -33,7 +33,7 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   auto region = [base](const WorkspaceRegion& r) { return base + r.offset; };
 
   if (CallError e = quantize_qkv(*q, *k, *v, *docs, numerics, base, ws, s); !e.ok()) return e;
-  if (CallError e = quantize_operand(*dout, *docs, numerics, region(ws.g_codes), region(ws.g_scales), s, "dout"); !e.ok())
+  if (CallError e = quantize_operand(*dout, *docs, numerics, region(ws.g_codes), nullptr, region(ws.g_scales), s, "dout"); !e.ok())
     return e;
   // The dV fold reference gamma is the document's largest dO exponent (over a KV group's heads):
   // the running max at the document's end.

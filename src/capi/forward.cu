@@ -11,6 +11,7 @@
 
 #include "capi/cuda_call.h"
 #include "capi/validate.h"
+#include "core/operand_layout.h"
 #include "cuda/quant/quantize_mxfp8.cuh"
 #include "cuda/sm90/forward.h"
 #include "flamia/flamia.h"
@@ -22,7 +23,7 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
                   const flamia_options* options, flamia_tensor* o, float* lse, void* workspace,
                   size_t workspace_bytes, void* stream) {
   if (CallError e = validate_forward(q, k, v, docs, options, o, lse); !e.ok()) return e;
-  const ForwardWorkspace ws = forward_workspace_layout(q->tokens, q->heads, k->heads, q->dim);
+  const ForwardWorkspace ws = forward_workspace_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs);
   if (CallError e = check_workspace(ws, workspace, workspace_bytes); !e.ok()) return e;
   if (CallError e = check_device(); !e.ok()) return e;
 
@@ -44,7 +45,8 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   p.q_scales = region(ws.q_scales);
   p.k_codes = region(ws.k_codes);
   p.k_scales = region(ws.k_scales);
-  p.v_codes = region(ws.v_codes);
+  p.v_codes_t = region(ws.v_codes_t);
+  p.vt_pitch = layout::transposed_tokens(T, docs->num_docs);
   p.v_scales = region(ws.v_scales);
   p.v_fold_ref = region(ws.v_fold_ref);
   p.o = o->data;

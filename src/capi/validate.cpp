@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "core/documents.h"
+#include "core/operand_layout.h"
 #include "reference/mxfp8_route.h"
 
 namespace flamia::capi {
@@ -322,13 +323,14 @@ class RegionCarver {
 
 }  // namespace
 
-ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim) {
+ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                                          int64_t num_docs) {
   ForwardWorkspace w;
   RegionCarver c;
   const size_t t = size_t(tokens), hq = size_t(q_heads), hkv = size_t(kv_heads), d = size_t(head_dim);
   w.q_codes = c.take(t * hq * d);
   w.k_codes = c.take(t * hkv * d);
-  w.v_codes = c.take(t * hkv * d);
+  w.v_codes_t = c.take(hkv * d * size_t(layout::transposed_tokens(tokens, num_docs)));
   w.q_scales = c.take(t * hq);
   w.k_scales = c.take(t * hkv);
   w.v_scales = c.take(t * hkv);
@@ -394,15 +396,19 @@ using flamia::capi::CallError;
 namespace flamia::capi {
 namespace {
 
-// A workspace size query: the shapes are validated, the bytes come from the call's layout.
+// A workspace size query: the shapes and docs->num_docs are validated (nothing else of docs is
+// read), the bytes come from the call's layout, layout(shapes, num_docs).
 template <class Layout>
 flamia_status workspace_size_query(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
-                                   size_t* bytes, flamia_error* error, Layout (*layout)(int64_t, int64_t, int64_t, int64_t)) {
+                                   const flamia_documents* docs, size_t* bytes, flamia_error* error, Layout layout) {
   return guarded(error, [&]() -> CallError {
     if (bytes == nullptr) return {FLAMIA_ERROR_INVALID_ARGUMENT, "bytes is NULL"};
     *bytes = 0;
     if (CallError e = validate_shapes(q, k, v); !e.ok()) return e;
-    *bytes = layout(q->tokens, q->heads, k->heads, q->dim).total;
+    if (docs == nullptr) return {FLAMIA_ERROR_INVALID_ARGUMENT, "docs is NULL"};
+    if (docs->num_docs < 1)
+      return {FLAMIA_ERROR_INVALID_ARGUMENT, "docs.num_docs must be >= 1, got " + std::to_string(docs->num_docs)};
+    *bytes = layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs).total;
     return CallError::success();
   });
 }
@@ -438,13 +444,17 @@ const char* flamia_status_name(flamia_status status) {
 }
 
 flamia_status flamia_forward_workspace_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
-                                            size_t* bytes, flamia_error* error) {
-  return flamia::capi::workspace_size_query(q, k, v, bytes, error, flamia::capi::forward_workspace_layout);
+                                            const flamia_documents* docs, size_t* bytes, flamia_error* error) {
+  return flamia::capi::workspace_size_query(q, k, v, docs, bytes, error, flamia::capi::forward_workspace_layout);
 }
 
 flamia_status flamia_backward_workspace_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
-                                             size_t* bytes, flamia_error* error) {
-  return flamia::capi::workspace_size_query(q, k, v, bytes, error, flamia::capi::backward_workspace_layout);
+                                             const flamia_documents* docs, size_t* bytes, flamia_error* error) {
+  // The backward's buffers do not depend on the document count (yet: no transposed layout).
+  return flamia::capi::workspace_size_query(
+      q, k, v, docs, bytes, error, [](int64_t t, int64_t hq, int64_t hkv, int64_t d, int64_t /*num_docs*/) {
+        return flamia::capi::backward_workspace_layout(t, hq, hkv, d);
+      });
 }
 
 }  // extern "C"

@@ -65,7 +65,7 @@ struct WorkspaceRegion {
 struct ForwardWorkspace {
   WorkspaceRegion q_codes;     // E4M3 [T, Hq, D]
   WorkspaceRegion k_codes;     // E4M3 [T, Hkv, D]
-  WorkspaceRegion v_codes;     // E4M3 [T, Hkv, D]
+  WorkspaceRegion v_codes_t;   // E4M3 [Hkv, D, layout::transposed_tokens(T, num_docs)] (core/operand_layout.h)
   WorkspaceRegion q_scales;    // UE8M0 [T, Hq]
   WorkspaceRegion k_scales;    // UE8M0 [T, Hkv]
   WorkspaceRegion v_scales;    // UE8M0 [T, Hkv]
@@ -73,8 +73,9 @@ struct ForwardWorkspace {
   size_t total = 0;            // a multiple of kWorkspaceAlignment
 };
 
-// Precondition: the shapes passed validate_shapes (so no size can overflow).
-ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim);
+// Precondition: the shapes passed validate_shapes and num_docs >= 1 (so no size can overflow).
+ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                                          int64_t num_docs);
 
 // The backward's device workspace: Q, K, V and dO quantized again (bitwise the forward's codes),
 // dO's running scale max (for the dV fold reference) and D_i.

@@ -251,7 +251,7 @@ TEST(CapiValidation, UnsupportedHeadDimAndSizes) {
     EXPECT_TRUE(Fails(c.validate(), kNotSupported, "tokens * heads * dim"));
     size_t bytes = 1;
     flamia_error err;
-    EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, &bytes, &err), kNotSupported);
+    EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, &c.docs, &bytes, &err), kNotSupported);
     EXPECT_EQ(bytes, 0u);
   }
   {
@@ -440,15 +440,17 @@ TEST(CapiValidation, NumericsOptionsMapping) {
 }
 
 TEST(CapiValidation, WorkspaceLayout) {
-  for (const auto& [T, Hq, Hkv, D] : std::vector<std::array<int64_t, 4>>{
-           {1, 1, 1, 64}, {14, 4, 2, 64}, {1000, 32, 8, 128}, {777, 6, 3, 128}, {3, 65535, 1, 64}}) {
-    const ForwardWorkspace w = forward_workspace_layout(T, Hq, Hkv, D);
-    const ForwardWorkspace again = forward_workspace_layout(T, Hq, Hkv, D);
+  for (const auto& [T, Hq, Hkv, D, docs] : std::vector<std::array<int64_t, 5>>{
+           {1, 1, 1, 64, 1}, {14, 4, 2, 64, 3}, {1000, 32, 8, 128, 7}, {777, 6, 3, 128, 777}, {3, 65535, 1, 64, 2}}) {
+    const ForwardWorkspace w = forward_workspace_layout(T, Hq, Hkv, D, docs);
+    const ForwardWorkspace again = forward_workspace_layout(T, Hq, Hkv, D, docs);
     EXPECT_EQ(w.total, again.total);
     EXPECT_EQ(w.total % kWorkspaceAlignment, 0u);
-    const WorkspaceRegion regions[] = {w.q_codes,  w.k_codes,  w.v_codes,   w.q_scales,
+    const WorkspaceRegion regions[] = {w.q_codes,  w.k_codes,  w.v_codes_t, w.q_scales,
                                        w.k_scales, w.v_scales, w.v_fold_ref};
-    const size_t need[] = {size_t(T * Hq * D), size_t(T * Hkv * D), size_t(T * Hkv * D), size_t(T * Hq),
+    // V's transposed codes: every document padded to whole 32-token steps, plus a step each.
+    const size_t vt = size_t(Hkv * D) * size_t(32 * ((T + 31) / 32 + docs));
+    const size_t need[] = {size_t(T * Hq * D), size_t(T * Hkv * D), vt, size_t(T * Hq),
                            size_t(T * Hkv),    size_t(T * Hkv),     size_t(T * Hkv)};
     size_t end = 0;
     for (size_t i = 0; i < std::size(regions); ++i) {
@@ -461,15 +463,17 @@ TEST(CapiValidation, WorkspaceLayout) {
 
     // The size query returns the same layout.
     flamia_tensor q = packed(0x10000, T, Hq, D), k = packed(0x20000, T, Hkv, D), v = packed(0x30000, T, Hkv, D);
+    flamia_documents d{};
+    d.num_docs = int32_t(docs);
     size_t bytes = 0;
     flamia_error err;
-    ASSERT_EQ(flamia_forward_workspace_size(&q, &k, &v, &bytes, &err), FLAMIA_SUCCESS) << err.message;
+    ASSERT_EQ(flamia_forward_workspace_size(&q, &k, &v, &d, &bytes, &err), FLAMIA_SUCCESS) << err.message;
     EXPECT_STREQ(err.message, "");
     EXPECT_EQ(bytes, w.total);
-    // The data pointers do not matter to the size query.
+    // The data pointers and cu_seqlens do not matter to the size query.
     q.data = k.data = v.data = nullptr;
     size_t bytes2 = 0;
-    EXPECT_EQ(flamia_forward_workspace_size(&q, &k, &v, &bytes2, nullptr), FLAMIA_SUCCESS);
+    EXPECT_EQ(flamia_forward_workspace_size(&q, &k, &v, &d, &bytes2, nullptr), FLAMIA_SUCCESS);
     EXPECT_EQ(bytes2, bytes);
   }
 }
@@ -478,26 +482,34 @@ TEST(CapiValidation, WorkspaceSizeQueryErrors) {
   Call c;
   size_t bytes = 0;
   flamia_error err;
-  EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, nullptr, &err), kInvalid);
+  EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, &c.docs, nullptr, &err), kInvalid);
   EXPECT_NE(std::string(err.message).find("bytes"), std::string::npos);
-  EXPECT_EQ(flamia_forward_workspace_size(nullptr, &c.k, &c.v, &bytes, &err), kInvalid);
+  EXPECT_EQ(flamia_forward_workspace_size(nullptr, &c.k, &c.v, &c.docs, &bytes, &err), kInvalid);
   EXPECT_NE(std::string(err.message).find("q is NULL"), std::string::npos);
+  EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, nullptr, &bytes, &err), kInvalid);
+  EXPECT_NE(std::string(err.message).find("docs is NULL"), std::string::npos);
+  flamia_documents no_docs = c.docs;
+  no_docs.num_docs = 0;
+  EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, &no_docs, &bytes, &err), kInvalid);
+  EXPECT_NE(std::string(err.message).find("docs.num_docs"), std::string::npos);
+  EXPECT_EQ(flamia_backward_workspace_size(&c.q, &c.k, &c.v, &no_docs, &bytes, &err), kInvalid);
+  EXPECT_NE(std::string(err.message).find("docs.num_docs"), std::string::npos);
   c.q.dtype = FLAMIA_DTYPE_FP32;
-  EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, &bytes, &err), kInvalid);
+  EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, &c.docs, &bytes, &err), kInvalid);
   EXPECT_NE(std::string(err.message).find("q.dtype"), std::string::npos);
   Call g;
   g.k = packed(0x20000, Call::T, 3, Call::D);
   g.v = packed(0x30000, Call::T, 3, Call::D);
-  EXPECT_EQ(flamia_forward_workspace_size(&g.q, &g.k, &g.v, &bytes, &err), kInvalid);
+  EXPECT_EQ(flamia_forward_workspace_size(&g.q, &g.k, &g.v, &g.docs, &bytes, &err), kInvalid);
   EXPECT_NE(std::string(err.message).find("k.heads"), std::string::npos);
   Call d;
   d.q.dim = d.k.dim = d.v.dim = 96;
-  EXPECT_EQ(flamia_forward_workspace_size(&d.q, &d.k, &d.v, &bytes, &err), kNotSupported);
+  EXPECT_EQ(flamia_forward_workspace_size(&d.q, &d.k, &d.v, &d.docs, &bytes, &err), kNotSupported);
   EXPECT_NE(std::string(err.message).find("head_dim"), std::string::npos);
 }
 
 TEST(CapiValidation, WorkspaceCheck) {
-  const ForwardWorkspace w = forward_workspace_layout(14, 4, 2, 64);
+  const ForwardWorkspace w = forward_workspace_layout(14, 4, 2, 64, 3);
   EXPECT_TRUE(check_workspace(w, fake_pointer(0x100000), w.total).ok());
   EXPECT_TRUE(check_workspace(w, fake_pointer(0x100000), w.total + 1000).ok());
   EXPECT_TRUE(Fails(check_workspace(w, nullptr, w.total), FLAMIA_ERROR_WORKSPACE, "workspace is NULL"));
@@ -587,16 +599,18 @@ TEST(CapiValidation, BackwardWorkspaceLayout) {
     }
     EXPECT_LE(end, w.total);
     flamia_tensor q = packed(0x10000, T, Hq, D), k = packed(0x20000, T, Hkv, D), v = packed(0x30000, T, Hkv, D);
+    flamia_documents docs{};
+    docs.num_docs = 1;
     size_t bytes = 0;
     flamia_error err;
-    ASSERT_EQ(flamia_backward_workspace_size(&q, &k, &v, &bytes, &err), FLAMIA_SUCCESS) << err.message;
+    ASSERT_EQ(flamia_backward_workspace_size(&q, &k, &v, &docs, &bytes, &err), FLAMIA_SUCCESS) << err.message;
     EXPECT_EQ(bytes, w.total);
   }
   size_t bytes = 0;
   Call d;
   d.q.dim = d.k.dim = d.v.dim = 96;
-  EXPECT_EQ(flamia_backward_workspace_size(&d.q, &d.k, &d.v, &bytes, nullptr), kNotSupported);
-  EXPECT_EQ(flamia_backward_workspace_size(&d.q, &d.k, &d.v, nullptr, nullptr), kInvalid);
+  EXPECT_EQ(flamia_backward_workspace_size(&d.q, &d.k, &d.v, &d.docs, &bytes, nullptr), kNotSupported);
+  EXPECT_EQ(flamia_backward_workspace_size(&d.q, &d.k, &d.v, &d.docs, nullptr, nullptr), kInvalid);
 
   const BackwardWorkspace w = backward_workspace_layout(14, 4, 2, 64);
   EXPECT_TRUE(check_workspace(w, fake_pointer(0x100000), w.total).ok());

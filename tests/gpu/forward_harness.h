@@ -121,7 +121,7 @@ struct ForwardCall {
     options = to_c_options(opt, causal);
     size_t bytes = 0;
     flamia_error err{};
-    if (flamia_forward_workspace_size(&q.desc, &k.desc, &v.desc, &bytes, &err) != FLAMIA_SUCCESS)
+    if (flamia_forward_workspace_size(&q.desc, &k.desc, &v.desc, &docs, &bytes, &err) != FLAMIA_SUCCESS)
       throw std::runtime_error(err.message);
     workspace = DeviceBuffer(bytes);
   }
@@ -157,7 +157,7 @@ struct TrainingCall : ForwardCall {
     dv = empty_bf16(in.v.tokens, in.v.heads, in.v.dim);
     size_t bytes = 0;
     flamia_error err{};
-    if (flamia_backward_workspace_size(&q.desc, &k.desc, &v.desc, &bytes, &err) != FLAMIA_SUCCESS)
+    if (flamia_backward_workspace_size(&q.desc, &k.desc, &v.desc, &docs, &bytes, &err) != FLAMIA_SUCCESS)
       throw std::runtime_error(err.message);
     backward_workspace = DeviceBuffer(bytes);
   }

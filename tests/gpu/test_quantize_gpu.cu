@@ -20,6 +20,7 @@
 #include "analysis/inputs.h"
 #include "core/documents.h"
 #include "core/options.h"
+#include "core/operand_layout.h"
 #include "cuda/quant/quantize_mxfp8.cuh"
 #include "formats/scales.h"
 #include "reference/quantize.h"
@@ -142,10 +143,14 @@ struct View {
 
 struct GpuQuantized {
   std::vector<uint8_t> codes, scales;
+  std::vector<uint8_t> transposed;  // the transposed layout (core/operand_layout.h), sentinel where unwritten
+  std::vector<uint8_t> transposed_alone;  // the same, from a launch that wrote no row-layout codes
+  std::vector<int32_t> cu_seqlens;
 };
 
 // Runs launch_quantize_mxfp8 on `buffer` viewed as x [T, H, D]. max_seqlen < 0: the true one.
-// codes_offset > 0 misaligns the codes pointer (byte-store path).
+// codes_offset > 0 misaligns the codes pointer (byte-store path). Both code layouts are written,
+// then the transposed one again alone.
 GpuQuantized gpu_quantize(const std::vector<__nv_bfloat16>& buffer, View view, const Documents& docs, int heads, int dim,
                           ScaleGeometry geometry, ScaleRule rule, int max_seqlen = -1, size_t codes_offset = 0) {
   const int T = docs.total_tokens();
@@ -156,14 +161,25 @@ GpuQuantized gpu_quantize(const std::vector<__nv_bfloat16>& buffer, View view, c
   DeviceBuffer<uint8_t> codes(codes_offset + n_codes), scales(n_scales);
   codes.fill_bytes(kSentinel);
   scales.fill_bytes(kSentinel);
+  const size_t n_transposed = size_t(heads) * dim * size_t(layout::transposed_tokens(T, docs.count()));
+  DeviceBuffer<uint8_t> transposed(n_transposed), transposed_alone(n_transposed);
+  transposed.fill_bytes(kSentinel);
+  transposed_alone.fill_bytes(kSentinel);
+  const int launch_seqlen = max_seqlen < 0 ? docs.max_length() : max_seqlen;
   CUDA_CHECK(cuda::launch_quantize_mxfp8(x.get() + view.offset, view.token_stride, view.head_stride, T, heads, dim,
-                                         cu.get(), docs.count(), max_seqlen < 0 ? docs.max_length() : max_seqlen,
-                                         geometry, rule, codes.get() + codes_offset, scales.get(), nullptr));
+                                         cu.get(), docs.count(), launch_seqlen, geometry, rule,
+                                         codes.get() + codes_offset, transposed.get(), scales.get(), nullptr));
+  CUDA_CHECK(cuda::launch_quantize_mxfp8(x.get() + view.offset, view.token_stride, view.head_stride, T, heads, dim,
+                                         cu.get(), docs.count(), launch_seqlen, geometry, rule, nullptr,
+                                         transposed_alone.get(), scales.get(), nullptr));
   CUDA_CHECK(cudaDeviceSynchronize());
   GpuQuantized out;
   const std::vector<uint8_t> all_codes = codes.download();
   out.codes.assign(all_codes.begin() + std::ptrdiff_t(codes_offset), all_codes.end());
   out.scales = scales.download();
+  out.transposed = transposed.download();
+  out.transposed_alone = transposed_alone.download();
+  out.cu_seqlens = docs.cu_seqlens();
   return out;
 }
 
@@ -193,9 +209,32 @@ std::string hex(unsigned v) {
       }
     }
   }
-  if (bad_scales == 0 && bad_codes == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << bad_scales << " of " << ref.scales.size() << " scales and " << bad_codes
-                                       << " of " << ref.codes.size() << " codes differ; first ones:" << first.str();
+  // The transposed layout: the same codes at each document's permuted slots, zeros in the rest of
+  // its last step, nothing written outside the documents' steps.
+  size_t bad_transposed = 0;
+  const int docs = int(gpu.cu_seqlens.size()) - 1;
+  const int64_t pitch = layout::transposed_tokens(ref.tokens, docs);
+  std::vector<uint8_t> expected(gpu.transposed.size(), uint8_t(kSentinel));
+  for (int d = 0; d < docs; ++d) {
+    const int begin = gpu.cu_seqlens[d], len = gpu.cu_seqlens[d + 1] - begin;
+    const int64_t start = layout::transposed_document_start(begin, d);
+    for (int pos = 0; pos < (len + layout::kKeyStep - 1) / layout::kKeyStep * layout::kKeyStep; ++pos)
+      for (int h = 0; h < ref.heads; ++h)
+        for (int f = 0; f < ref.dim; ++f)
+          expected[size_t((int64_t(h) * ref.dim + f) * pitch + start + layout::permuted_position(pos))] =
+              pos < len ? ref.codes[(size_t(begin + pos) * ref.heads + h) * ref.dim + f] : uint8_t(0);
+  }
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (gpu.transposed[i] != expected[i] && bad_transposed++ < 5)
+      first << "\n  transposed slot " << i << " (row " << i / size_t(pitch) << ", slot " << i % size_t(pitch)
+            << "): gpu " << hex(gpu.transposed[i]) << ", expected " << hex(expected[i]);
+  }
+  const bool alone_same = gpu.transposed_alone == gpu.transposed;
+  if (!alone_same) first << "\n  the transposed-only launch wrote different bytes";
+  if (bad_scales == 0 && bad_codes == 0 && bad_transposed == 0 && alone_same) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad_scales << " of " << ref.scales.size() << " scales, " << bad_codes << " of "
+                                       << ref.codes.size() << " codes and " << bad_transposed << " of "
+                                       << expected.size() << " transposed slots differ; first ones:" << first.str();
 }
 
 // Quantizes x on both sides and compares.
@@ -472,7 +511,7 @@ INSTANTIATE_TEST_SUITE_P(Quantize, QuantizeEdges, ::testing::Combine(kGeometries
 TEST_F(Gpu, QuantizeRejectsBadShapes) {
   const auto bad = [](int heads, int dim) {
     return cuda::launch_quantize_mxfp8(nullptr, 0, 0, 1, heads, dim, nullptr, 1, 1, ScaleGeometry::kBlock32,
-                                       ScaleRule::kCeil, nullptr, nullptr, nullptr);
+                                       ScaleRule::kCeil, nullptr, nullptr, nullptr, nullptr);
   };
   EXPECT_EQ(bad(1, 0), cudaErrorInvalidValue);
   EXPECT_EQ(bad(1, 12), cudaErrorInvalidValue);
@@ -496,7 +535,7 @@ TEST_F(Gpu, MalformedCuSeqlensStayInBounds) {
   prefix.fill_bytes(kSentinel);
   for (ScaleGeometry g : {ScaleGeometry::kBlock32, ScaleGeometry::kToken}) {
     CUDA_CHECK(cuda::launch_quantize_mxfp8(x.get(), int64_t(H) * D, D, T, H, D, dcu.get(), num_docs, 1000, g,
-                                           ScaleRule::kCeil, codes.get() + kGuard, scales.get() + kGuard, nullptr));
+                                           ScaleRule::kCeil, codes.get() + kGuard, nullptr, scales.get() + kGuard, nullptr));
   }
   CUDA_CHECK(cuda::launch_prefix_max_scales(scales.get() + kGuard, T, H, dcu.get(), num_docs, prefix.get() + kGuard,
                                             nullptr));

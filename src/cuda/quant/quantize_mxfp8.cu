@@ -23,6 +23,7 @@
 #include <cmath>
 
 #include "core/documents.h"
+#include "core/operand_layout.h"
 #include "core/tiling.h"
 #include "formats/minifloat.h"
 #include "formats/scales.h"
@@ -37,6 +38,10 @@ constexpr int kMaxDim = 256;
 constexpr int kMaxItemsPerThread = kTileTokens * (kMaxDim / kChunk) / kThreads;  // (row, chunk) items
 constexpr int kMaxGridY = 65535;
 static_assert(kTileTokens == 32, "one warp-sized tile of positions per CTA step");
+static_assert(kTileTokens == layout::kKeyStep, "a CTA step writes whole steps of the transposed layout");
+// The step's codes, kept for the transposed store: rows = positions; 8-byte aligned rows, and a
+// 264-byte pitch spreads one column's 16 rows over distinct banks.
+constexpr int kTilePitch = kMaxDim + 8;
 static_assert(kTileTokens * (kMaxDim / kChunk) % kThreads == 0, "items divide evenly over the CTA");
 
 struct DocSpan {
@@ -74,15 +79,18 @@ __device__ __forceinline__ uint4 load_chunk(const __nv_bfloat16* src) {
 // Grid (position tiles, documents, heads); each CTA step owns positions [p0, p0 + 32) of one
 // document and one head: one block32 group, or 32 token groups. Its kThreads threads split the
 // tile's rows x (dim / 8) chunks; each thread keeps its (up to 4) 16-byte chunks in registers
-// between the amax pass and the encode pass, so x is read once.
+// between the amax pass and the encode pass, so x is read once. With transposed codes the step's
+// codes also go through shared memory: each (feature, 16-slot half) of the step is one 16-byte store.
 template <bool kVecLoad>
 __global__ void __launch_bounds__(kThreads)
     quantize_mxfp8_kernel(const __nv_bfloat16* __restrict__ x, int64_t token_stride, int64_t head_stride,
                           int total_tokens, int heads, int dim, const int32_t* __restrict__ cu_seqlens, int num_docs,
                           ScaleGeometry geometry, ScaleRule rule, bool vec_store, uint8_t* __restrict__ codes,
-                          uint8_t* __restrict__ scales) {
+                          uint8_t* __restrict__ transposed_codes, uint8_t* __restrict__ scales) {
   __shared__ uint32_t row_amax[kTileTokens];  // sign-cleared BF16 patterns; block32 uses slot 0
   __shared__ uint8_t row_scale[kTileTokens];
+  __shared__ __align__(16) uint8_t tile_codes[kTileTokens * kTilePitch];
+  const int64_t transposed_pitch = layout::transposed_tokens(total_tokens, num_docs);
   const int h = int(blockIdx.z);
   const int chunks = dim / kChunk;
   const int items = kTileTokens * chunks;
@@ -134,10 +142,17 @@ __global__ void __launch_bounds__(kThreads)
       for (int k = 0; k < kMaxItemsPerThread; ++k) {
         const int i = int(threadIdx.x) + k * kThreads;
         const int r = i / chunks, c = i - r * chunks;
-        if (i < items && r < rows) {
+        if (i >= items) continue;
+        if (r >= rows) {  // past the document end: zero codes in the transposed layout's padding
+          if (transposed_codes) *reinterpret_cast<uint2*>(tile_codes + r * kTilePitch + c * kChunk) = make_uint2(0u, 0u);
+          continue;
+        }
+        {
           const uint8_t s = row_scale[r];
           const uint32_t lo = detail::encode_scaled_e4m3x2(v[k].x, s) | (detail::encode_scaled_e4m3x2(v[k].y, s) << 16);
           const uint32_t hi = detail::encode_scaled_e4m3x2(v[k].z, s) | (detail::encode_scaled_e4m3x2(v[k].w, s) << 16);
+          if (transposed_codes) *reinterpret_cast<uint2*>(tile_codes + r * kTilePitch + c * kChunk) = make_uint2(lo, hi);
+          if (!codes) continue;
           uint8_t* dst = codes + (int64_t(t0 + r) * heads + h) * dim + c * kChunk;
           if (vec_store) {
             *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
@@ -150,8 +165,28 @@ __global__ void __launch_bounds__(kThreads)
           }
         }
       }
+      if (transposed_codes) {
+        // Slot p0 + permuted_position(j) of the document holds position p0 + j: the 16 slots of
+        // half `half` of the step hold rows permuted_key(16 half + 0..15).
+        __syncthreads();
+        const int64_t first_slot = layout::transposed_document_start(d.begin, doc) + p0;
+        for (int i = int(threadIdx.x); i < 2 * dim; i += kThreads) {
+          const int f = i % dim, half = i / dim;
+          uint32_t w[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            w[q] = 0u;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              w[q] |= uint32_t(tile_codes[layout::permuted_key(16 * half + 4 * q + j) * kTilePitch + f]) << (8 * j);
+          }
+          *reinterpret_cast<uint4*>(transposed_codes + (int64_t(h) * dim + f) * transposed_pitch + first_slot + 16 * half) =
+              make_uint4(w[0], w[1], w[2], w[3]);
+        }
+      }
       // No barrier needed before the next step: it first rewrites row_amax (last read before
-      // the second barrier above) and rewrites row_scale only after two more barriers.
+      // the second barrier above), rewrites row_scale only after two more barriers and
+      // tile_codes after three.
     }
   }
 }
@@ -207,13 +242,15 @@ __global__ void __launch_bounds__(kThreads)
 
 cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, int64_t head_stride, int total_tokens,
                                   int heads, int dim, const int32_t* cu_seqlens, int num_docs, int max_seqlen,
-                                  ScaleGeometry geometry, ScaleRule rule, uint8_t* codes, uint8_t* scales,
-                                  cudaStream_t stream) {
+                                  ScaleGeometry geometry, ScaleRule rule, uint8_t* codes, uint8_t* transposed_codes,
+                                  uint8_t* scales, cudaStream_t stream) {
   if (dim < kChunk || dim > kMaxDim || dim % kChunk != 0 || heads < 1 || heads > kMaxGridY || total_tokens < 0 ||
       num_docs < 0)
     return cudaErrorInvalidValue;
   if (total_tokens == 0 || num_docs == 0) return cudaSuccess;
-  if (x == nullptr || cu_seqlens == nullptr || codes == nullptr || scales == nullptr) return cudaErrorInvalidValue;
+  if (x == nullptr || cu_seqlens == nullptr || scales == nullptr || (codes == nullptr && transposed_codes == nullptr) ||
+      reinterpret_cast<uintptr_t>(transposed_codes) % 16 != 0)
+    return cudaErrorInvalidValue;
 
   const bool vec_load = reinterpret_cast<uintptr_t>(x) % 16 == 0 && token_stride % kChunk == 0 && head_stride % kChunk == 0;
   const bool vec_store = reinterpret_cast<uintptr_t>(codes) % 8 == 0;
@@ -222,11 +259,11 @@ cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, 
   if (vec_load) {
     quantize_mxfp8_kernel<true><<<grid, kThreads, 0, stream>>>(x, token_stride, head_stride, total_tokens, heads, dim,
                                                                cu_seqlens, num_docs, geometry, rule, vec_store, codes,
-                                                               scales);
+                                                               transposed_codes, scales);
   } else {
     quantize_mxfp8_kernel<false><<<grid, kThreads, 0, stream>>>(x, token_stride, head_stride, total_tokens, heads, dim,
                                                                 cu_seqlens, num_docs, geometry, rule, vec_store, codes,
-                                                                scales);
+                                                                transposed_codes, scales);
   }
   return cudaGetLastError();
 }

@@ -69,9 +69,12 @@ __device__ __forceinline__ uint32_t encode_scaled_e4m3x2(uint32_t w, uint8_t sca
 }  // namespace detail
 
 // Quantizes x [total_tokens, heads, dim] (BF16, element strides token_stride and head_stride,
-// features contiguous) into codes [total_tokens, heads, dim] (E4M3, contiguous) and scales
-// [total_tokens, heads] (UE8M0, one byte per token and head; a block32 group repeats its scale
-// on each of its tokens).
+// features contiguous) into scales [total_tokens, heads] (UE8M0, one byte per token and head; a
+// block32 group repeats its scale on each of its tokens) and the E4M3 codes in one or both of two
+// layouts: `codes` [total_tokens, heads, dim] (contiguous) and `transposed_codes`, the transposed,
+// padded layout of core/operand_layout.h ([heads, dim, layout::transposed_tokens(total_tokens,
+// num_docs)], 16-byte aligned; every slot of a document's steps is written, the padding with zero
+// codes, slots outside every document's steps are not). Either codes pointer may be null, not both.
 //
 // cu_seqlens (device, num_docs + 1 entries) delimits the documents; entries are clamped into
 // [0, total_tokens] (and each end to at least its begin), so malformed offsets cannot make the
@@ -80,14 +83,15 @@ __device__ __forceinline__ uint32_t encode_scaled_e4m3x2(uint32_t w, uint8_t sca
 // value costs speed, not correctness.
 //
 // Requirements (else cudaErrorInvalidValue, nothing launched): dim a multiple of 8 in [8, 256],
-// 1 <= heads <= 65535, non-null pointers when there is work. 16-byte loads are used when x is
+// 1 <= heads <= 65535, non-null x, cu_seqlens, scales and one codes pointer when there is work,
+// transposed_codes 16-byte aligned. 16-byte loads are used when x is
 // 16-byte aligned and both strides are multiples of 8 elements, scalar loads otherwise; codes
 // are written 8 bytes at a time when the codes pointer is 8-byte aligned. Asynchronous on
 // `stream`; returns the launch status.
 cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, int64_t head_stride, int total_tokens,
                                   int heads, int dim, const int32_t* cu_seqlens, int num_docs, int max_seqlen,
                                   flamia::ScaleGeometry geometry, flamia::ScaleRule rule, uint8_t* codes,
-                                  uint8_t* scales, cudaStream_t stream);
+                                  uint8_t* transposed_codes, uint8_t* scales, cudaStream_t stream);
 
 // The mask-aware V fold reference: prefix_max[t, h] = the largest V scale exponent of head h over
 // positions [document start, t] of t's document, as a UE8M0 byte [total_tokens, heads]. NaN

@@ -1,7 +1,8 @@
 // MXFP8 attention forward on Hopper: FP8 wgmma (m64nNk32 e4m3), one warpgroup CTA per
 // (document, 64-query tile, query head). It implements the emulation's numerics exactly as
-// docs/NUMERICS.md states them. Not yet pipelined: tiles are staged with plain loads between
-// barriers; TMA, warp specialization and ping-pong softmax are the next steps.
+// docs/NUMERICS.md states them. Loads are double-buffered cp.async copies: the next key tile's K
+// codes, V^T codes (written transposed and key-permuted by the quantizer) and scales are in flight
+// while the current tile is computed. TMA, warp specialization and ping-pong softmax come next.
 //
 // Per key tile (128 keys, from the diagonal tile down, as the emulation):
 //   S = (Q codes . K codes) * 2^eq_i * 2^ek_j * scale * log2(e)      scales factored out
@@ -14,6 +15,7 @@
 
 #include <cstdint>
 
+#include "core/operand_layout.h"
 #include "core/tiling.h"
 #include "cuda/sm90/accumulator.cuh"
 #include "cuda/sm90/document_span.cuh"
@@ -32,22 +34,60 @@ constexpr int kQueryRows = kWarps * kRowsPerWarp;    // 64 queries per CTA
 constexpr int kKeyTile = tiling::kFwdKeyTile;        // 128 keys per online-softmax step
 constexpr int kKeyBlocks = kKeyTile / 8;             // n8 blocks of S per tile
 static_assert(tiling::kFwdKeyTile % kQueryRows == 0, "a CTA's rows must share their diagonal key tile");
-// Until loads are asynchronous, other CTAs on the SM hide each CTA's staging barriers: keep 3 per SM
-// (at most 168 registers at D = 128).
+// Other CTAs on the SM fill the gaps of one CTA's barrier/MMA/softmax sequence: keep 3 per SM (at
+// most 168 registers and 75 KiB of shared memory at D = 128).
 constexpr int kCtasPerSm = 3;
+constexpr int kThreads = kWarps * 32;
 
 // Row-group strides of the core-matrix tiles in shared memory (see wgmma.cuh).
+// One key tile's operands: the double buffer holds two.
+template <int D>
+struct KeyTileStage {
+  uint8_t k[kKeyTile * D];   // rows = keys, K = features
+  uint8_t vt[D * kKeyTile];  // rows = features, K = keys (permuted)
+  float k_col[kKeyTile];     // 2^ek_j (0 past the document end)
+  float v_pow[kKeyTile];     // 2^(ev_j - c): interior tiles' half of the V fold (see forward_kernel)
+  uint8_t v_scale[kKeyTile];  // UE8M0 of V_j: masked tiles fold with its exponent
+};
 template <int D>
 struct SharedTiles {
   static constexpr int kQKStride = kRowsFormStride<D>;             // Q and K: rows = tokens, K = features
   static constexpr int kVtStride = kTransposedFormStride<kKeyTile>;  // V^T: rows = features, K = keys
   uint8_t q[kQueryRows * D];
-  uint8_t k[kKeyTile * D];
-  uint8_t vt[D * kKeyTile];
-  float k_col[kKeyTile];  // 2^ek_j
-  int v_exp[kKeyTile];    // ev_j
-  float v_pow[kKeyTile];  // 2^(ev_j - c): interior tiles' half of the V fold (see forward_kernel)
+  KeyTileStage<D> stage[2];
 };
+static_assert(kCtasPerSm * (sizeof(SharedTiles<128>) + 1024) <= 228 * 1024, "3 CTAs per SM must fit in shared memory");
+
+// A key tile's per-key scale bytes, loaded into registers one tile ahead (thread = key).
+struct KeyScales {
+  uint8_t k, v;
+  bool in_doc;
+};
+__device__ __forceinline__ KeyScales load_key_scales(const ForwardParams& p, int doc_begin, int len, int kvh, int k0) {
+  const int key = k0 + int(threadIdx.x);
+  if (key >= len) return {0, 0, false};
+  const size_t s = size_t(doc_begin + key) * p.kv_heads + kvh;
+  return {p.k_scales[s], p.v_scales[s], true};
+}
+template <int D>
+__device__ __forceinline__ void store_key_scales(const KeyScales& ks, int c_exp, KeyTileStage<D>& st) {
+  const int key = int(threadIdx.x);
+  const int v_exp = ks.in_doc ? scale_exponent(ks.v) : 0;
+  st.k_col[key] = ks.in_doc ? pow2_of_scale(ks.k) : 0.f;
+  st.v_scale[key] = ks.v;
+  st.v_pow[key] = c_exp == kNaNExponent ? pow2i(kNaNExponent) : pow2i(add_exponents(v_exp, -c_exp));
+}
+
+// Starts the cp.async copies of key tile k0's K codes (rows form) and V^T codes (from the
+// transposed layout, keys already permuted); keys past the document end are zero-filled.
+template <int D>
+__device__ __forceinline__ void copy_key_tile_async(const ForwardParams& p, int doc_begin, int64_t vt_doc_row, int len,
+                                                    int kvh, int k0, KeyTileStage<D>& st) {
+  const int64_t kv_pitch = int64_t(p.kv_heads) * D;
+  copy_tile_async<kKeyTile, D, kThreads>(p.k_codes + (int64_t(doc_begin + k0) * p.kv_heads + kvh) * D, kv_pitch,
+                                         len - k0, D, st.k);
+  copy_tile_async<D, kKeyTile, kThreads>(p.v_codes_t + vt_doc_row + k0, p.vt_pitch, D, len - k0, st.vt);
+}
 
 // The per-element work of one key tile after S = Q.K^T: scaled scores with the mask applied, where
 // the tile holds keys some row must not see (kMasked); interior tiles skip it.
@@ -78,7 +118,7 @@ __device__ __forceinline__ void scale_scores(float (&s)[kKeyTile / 2], const flo
 // v_pow_j * row_pow_i of two powers of two read from shared memory and registers (forward_kernel).
 template <bool kMasked, int D>
 __device__ __forceinline__ void p_operand(const float (&s)[kKeyTile / 2], const float (&m_new)[2], float (&l)[2],
-                                          const SharedTiles<D>& sm, const int (&fold_bias)[2],
+                                          const KeyTileStage<D>& st, const int (&fold_bias)[2],
                                           const float (&row_pow)[2], int t, uint32_t (&pa)[kKeyTile / 32][4]) {
 #pragma unroll
   for (int kk = 0; kk < kKeyTile / 32; ++kk) {
@@ -88,8 +128,12 @@ __device__ __forceinline__ void p_operand(const float (&s)[kKeyTile / 2], const 
       const int nb = kk * 4 + b;
       float2 vp;
       int2 ve;
-      if constexpr (kMasked) ve = *reinterpret_cast<const int2*>(sm.v_exp + nb * 8 + 2 * t);
-      else vp = *reinterpret_cast<const float2*>(sm.v_pow + nb * 8 + 2 * t);
+      if constexpr (kMasked) {
+        const uchar2 vs = *reinterpret_cast<const uchar2*>(st.v_scale + nb * 8 + 2 * t);
+        ve = make_int2(scale_exponent(vs.x), scale_exponent(vs.y));
+      } else {
+        vp = *reinterpret_cast<const float2*>(st.v_pow + nb * 8 + 2 * t);
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
@@ -112,9 +156,10 @@ __device__ __forceinline__ void p_operand(const float (&s)[kKeyTile / 2], const 
 }
 
 template <int D>
-__global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) forward_kernel(const ForwardParams p) {
+__global__ void __launch_bounds__(kThreads, kCtasPerSm) forward_kernel(const ForwardParams p) {
   static_assert(kWarps == 4, "one warpgroup: the 64 query rows are one m64 wgmma");
-  __shared__ __align__(128) SharedTiles<D> sm;
+  extern __shared__ __align__(128) uint8_t smem[];
+  SharedTiles<D>& sm = *reinterpret_cast<SharedTiles<D>*>(smem);
   constexpr int kQKStride = SharedTiles<D>::kQKStride, kVtStride = SharedTiles<D>::kVtStride;
 
   const int doc = blockIdx.y, h = blockIdx.z;
@@ -153,34 +198,34 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) forward_kernel(const 
   float row_pow[2];
   for (int r = 0; r < 2; ++r) row_pow[r] = pow2i(add_exponents(fold_bias[r], c_exp));
 
-  // Stage the CTA's Q rows (zeros past the document end) in the core-matrix layout, once.
-  stage_code_tile<D, kQueryRows, kWarps * 32>(p.q_codes + (int64_t(doc_begin + q0) * p.q_heads + h) * D, int64_t(p.q_heads) * D,
-                                 len - q0, sm.q, nullptr);
-
   float o_acc[D / 2];  // the m64nD accumulator: [n8 block][4] flattened
   zero(o_acc);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
+  // Key tiles run from the diagonal one down to the first; tile i of the loop uses stage i % 2.
+  // Prologue: the CTA's Q rows (once) and the first key tile, zero-filled past the document end.
   const int last_row = min(q0 + kQueryRows, len) - 1;
   const int last_key = p.causal ? last_row : len - 1;
-  for (int kt = last_key / kKeyTile; kt >= 0; --kt) {
+  const int64_t vt_doc_row = int64_t(kvh) * D * p.vt_pitch + layout::transposed_document_start(doc_begin, doc);
+  copy_tile_async<kQueryRows, D, kThreads>(p.q_codes + (int64_t(doc_begin + q0) * p.q_heads + h) * D,
+                                           int64_t(p.q_heads) * D, len - q0, D, sm.q);
+  copy_key_tile_async(p, doc_begin, vt_doc_row, len, kvh, last_key / kKeyTile * kKeyTile, sm.stage[0]);
+  cp_async_commit();
+  store_key_scales(load_key_scales(p, doc_begin, len, kvh, last_key / kKeyTile * kKeyTile), c_exp, sm.stage[0]);
+
+  for (int kt = last_key / kKeyTile, i = 0; kt >= 0; --kt, ++i) {
     const int k0 = kt * kKeyTile;
-    __syncthreads();  // the previous tile's readers (and wgmmas, waited for below) are done
-    // K codes as they are (rows = keys); V codes transposed to rows = features with the keys of
-    // each 32-key step in the P operand's permuted order (P.V's B operand is K-major: keys).
-    const int64_t kv_offset = (int64_t(doc_begin + k0) * p.kv_heads + kvh) * D, kv_pitch = int64_t(p.kv_heads) * D;
-    stage_code_tile<D, kKeyTile, kWarps * 32>(p.k_codes + kv_offset, kv_pitch, len - k0, sm.k, nullptr);
-    stage_code_tile<D, kKeyTile, kWarps * 32>(p.v_codes + kv_offset, kv_pitch, len - k0, nullptr, sm.vt);
-    for (int key = threadIdx.x; key < kKeyTile; key += blockDim.x) {
-      const bool in_doc = k0 + key < len;
-      const size_t s = size_t(doc_begin + (in_doc ? k0 + key : 0)) * p.kv_heads + kvh;
-      const int v_exp = in_doc ? scale_exponent(p.v_scales[s]) : 0;
-      sm.k_col[key] = in_doc ? pow2_of_scale(p.k_scales[s]) : 0.f;
-      sm.v_exp[key] = v_exp;
-      sm.v_pow[key] = c_exp == kNaNExponent ? pow2i(kNaNExponent) : pow2i(add_exponents(v_exp, -c_exp));
+    const KeyTileStage<D>& st = sm.stage[i % 2];
+    cp_async_wait_all();
+    fence_smem_for_async_proxy();  // the copies are generic-proxy writes; wgmma reads via the async proxy
+    __syncthreads();  // tile kt is in shared memory, and every thread is done with tile kt + 1's stage
+    // Tile kt - 1 flows into the other stage while this one is computed.
+    KeyScales next_scales{};
+    if (kt > 0) {
+      copy_key_tile_async(p, doc_begin, vt_doc_row, len, kvh, k0 - kKeyTile, sm.stage[(i + 1) % 2]);
+      cp_async_commit();
+      next_scales = load_key_scales(p, doc_begin, len, kvh, k0 - kKeyTile);
     }
-    fence_smem_for_async_proxy();
-    __syncthreads();
 
     // S = Q . K^T: 64 rows x 128 keys, D/32 k-steps on the tensor cores.
     float s[kKeyTile / 2];
@@ -188,7 +233,7 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) forward_kernel(const 
 #pragma unroll
     for (int ks = 0; ks < D / 32; ++ks)
       wgmma_m64n128k32_ss(s, smem_descriptor(sm.q + ks * 2 * kCoreMatrixBytes, kQKStride),
-                          smem_descriptor(sm.k + ks * 2 * kCoreMatrixBytes, kQKStride), ks > 0);
+                          smem_descriptor(st.k + ks * 2 * kCoreMatrixBytes, kQKStride), ks > 0);
     wgmma_commit();
     wgmma_wait_all();
     fence_accumulators(s);
@@ -199,9 +244,9 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) forward_kernel(const 
     const bool interior = k0 + kKeyTile <= len && (!p.causal || k0 + kKeyTile - 1 <= q0);
     float tile_max[2] = {-INFINITY, -INFINITY};
     if (interior) {
-      scale_scores<false>(s, sm.k_col, q_factor, k0, len, p.causal, rows, row_valid, t, tile_max);
+      scale_scores<false>(s, st.k_col, q_factor, k0, len, p.causal, rows, row_valid, t, tile_max);
     } else {
-      scale_scores<true>(s, sm.k_col, q_factor, k0, len, p.causal, rows, row_valid, t, tile_max);
+      scale_scores<true>(s, st.k_col, q_factor, k0, len, p.causal, rows, row_valid, t, tile_max);
     }
     float alpha[2], m_new[2];
 #pragma unroll
@@ -217,9 +262,9 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) forward_kernel(const 
 
     uint32_t pa[kKeyTile / 32][4];
     if (interior) {
-      p_operand<false>(s, m_new, l, sm, fold_bias, row_pow, t, pa);
+      p_operand<false>(s, m_new, l, st, fold_bias, row_pow, t, pa);
     } else {
-      p_operand<true>(s, m_new, l, sm, fold_bias, row_pow, t, pa);
+      p_operand<true>(s, m_new, l, st, fold_bias, row_pow, t, pa);
     }
 
     // O += P~ . V codes on the tensor cores, B = V^T from shared memory.
@@ -227,13 +272,15 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) forward_kernel(const 
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kKeyTile / 32; ++kk) {
-      const uint64_t desc_v = smem_descriptor(sm.vt + kk * 2 * kCoreMatrixBytes, kVtStride);
+      const uint64_t desc_v = smem_descriptor(st.vt + kk * 2 * kCoreMatrixBytes, kVtStride);
       if constexpr (D == 128) wgmma_m64n128k32_rs(o_acc, pa[kk], desc_v);
       else wgmma_m64n64k32_rs(o_acc, pa[kk], desc_v);
     }
     wgmma_commit();
     wgmma_wait_all();
     fence_accumulators(o_acc);
+    // Nobody reads the other stage until the next iteration's barrier.
+    if (kt > 0) store_key_scales(next_scales, c_exp, sm.stage[(i + 1) % 2]);
   }
 
   // Finish: full row sums across the 4 lanes of a row, then O and LSE.
@@ -252,20 +299,25 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) forward_kernel(const 
   }
 }
 
+template <int D>
+cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
+  // More than the 48 KiB default of dynamic shared memory; attributes are legal during capture.
+  constexpr int kSmem = sizeof(SharedTiles<D>);
+  if (const cudaError_t e = cudaFuncSetAttribute(forward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      e != cudaSuccess)
+    return e;
+  const dim3 grid((p.max_seqlen + kQueryRows - 1) / kQueryRows, p.num_docs, p.q_heads);
+  forward_kernel<D><<<grid, kThreads, kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 int launch_forward(const ForwardParams& p, void* stream) {
-  const dim3 grid((p.max_seqlen + kQueryRows - 1) / kQueryRows, p.num_docs, p.q_heads);
-  const dim3 block(kWarps * 32);
   auto s = static_cast<cudaStream_t>(stream);
-  if (p.head_dim == 128) {
-    forward_kernel<128><<<grid, block, 0, s>>>(p);
-  } else if (p.head_dim == 64) {
-    forward_kernel<64><<<grid, block, 0, s>>>(p);
-  } else {
-    return int(cudaErrorInvalidValue);
-  }
-  return int(cudaGetLastError());
+  if (p.head_dim == 128) return int(launch<128>(p, s));
+  if (p.head_dim == 64) return int(launch<64>(p, s));
+  return int(cudaErrorInvalidValue);
 }
 
 }  // namespace flamia::cuda::sm90

@@ -6,13 +6,15 @@
 namespace flamia::cuda::sm90 {
 
 // What the forward kernel reads and writes. Codes and scales come from the quantization kernels
-// (src/cuda/quant/): E4M3 codes [T, H, D] contiguous and one UE8M0 scale per (token, head).
+// (src/cuda/quant/): E4M3 codes [T, H, D] contiguous (V's in the transposed layout instead) and
+// one UE8M0 scale per (token, head).
 struct ForwardParams {
   const uint8_t* q_codes;     // [T, Hq, D]
   const uint8_t* q_scales;    // [T, Hq]
   const uint8_t* k_codes;     // [T, Hkv, D]
   const uint8_t* k_scales;    // [T, Hkv]
-  const uint8_t* v_codes;     // [T, Hkv, D]
+  const uint8_t* v_codes_t;   // [Hkv, D, vt_pitch] (core/operand_layout.h)
+  int64_t vt_pitch;           // layout::transposed_tokens(T, num_docs)
   const uint8_t* v_scales;    // [T, Hkv]
   const uint8_t* v_fold_ref;  // [T, Hkv]: running max of V's scale exponents within the document
   void* o;                    // BF16 [T, Hq, D] with the strides below (elements)

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "core/operand_layout.h"
 #include "cuda/fp8_convert.cuh"
 #include "formats/scales.h"
 
@@ -41,24 +42,11 @@ __device__ __forceinline__ float quad_nan_max(float x) {
   return nan_max(x, __shfl_xor_sync(0xffffffff, x, 2));
 }
 
-// A wgmma m64nN accumulator holds, for lane (g, t) of warp w, columns 8nb + 2t + {0,1} of rows
-// 16w + g and 16w + g + 8, at x[4 nb + {0,1}] and x[4 nb + {2,3}]. The register A operand of the
-// next product (m64k32, contraction over those columns) wants positions 4t..4t+3 and 16+4t..16+4t+3
-// of each 32-column step. The contraction is a sum, so instead of shuffling we permute the columns
-// of the step: A position kappa = 16h + 4t' + e holds column 16h + 8(e/2) + 2t' + e%2, and the B
-// operand is staged in shared memory with the same permutation (kappa_of_key).
-__host__ __device__ constexpr int permuted_key(int kappa) {
-  const int half = kappa >> 4, w = kappa & 15, t = w >> 2, e = w & 3;
-  return half * 16 + (e >> 1) * 8 + 2 * t + (e & 1);
-}
-// Inverse of permuted_key within a 32-column step: the A position that holds `key`.
-__host__ __device__ constexpr int kappa_of_key(int key) {
-  const int half = key >> 4, r = key & 15, e = ((r >> 3) << 1) | (r & 1), t = (r & 7) >> 1;
-  return half * 16 + 4 * t + e;
-}
-// The position of column `c` (any column of the tile) in the permuted B-operand staging.
-__host__ __device__ constexpr int permuted_position(int c) { return (c & ~31) + kappa_of_key(c & 31); }
-static_assert(permuted_key(kappa_of_key(13)) == 13 && permuted_key(kappa_of_key(22)) == 22, "inverse permutation");
+// The key permutation that lets an accumulator become the register A operand of the next product
+// without shuffles (core/operand_layout.h).
+using layout::kappa_of_key;
+using layout::permuted_key;
+using layout::permuted_position;
 
 // Packs the 16 values of one 32-column step, x[b][e] = accumulator element 4 (4 kk + b) + e already
 // transformed, into the A registers: {row g, kappa 4t..}, {row g+8, kappa 4t..}, {row g, kappa
