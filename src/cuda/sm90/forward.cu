@@ -89,66 +89,130 @@ __device__ __forceinline__ void copy_key_tile_async(const ForwardParams& p, int 
   copy_tile_async<D, kKeyTile, kThreads>(p.v_codes_t + vt_doc_row + k0, p.vt_pitch, D, len - k0, st.vt);
 }
 
-// The per-element work of one key tile after S = Q.K^T: scaled scores with the mask applied, where
-// the tile holds keys some row must not see (kMasked); interior tiles skip it.
-template <bool kMasked>
-__device__ __forceinline__ void scale_scores(float (&s)[kKeyTile / 2], const float* k_col, const float (&q_factor)[2],
-                                             int k0, int len, bool causal, const int (&rows)[2],
-                                             const bool (&row_valid)[2], int t, float (&tile_max)[2]) {
+// 2^x for the softmax: the tensor-core-rate MUFU instruction. Flushing results below 2^-126 to 0
+// changes nothing that is kept: such a p, times a fold factor of at most 2^boost, is far below
+// E4M3's smallest subnormal (2^-9), and against l >= 1 (the row max contributes 1) it is lost in
+// the FP32 sum anyway.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The online-softmax update of a tile with row maxima tile_max (already over the quad): new
+// running max, l and O rescaled by 2^(m - m'). A warp skips the O rescale when none of its rows'
+// max moved (alpha = 1 exactly), the common case once the max has settled.
+template <int N>
+__device__ __forceinline__ void update_running_max(const float (&tile_max)[2], float (&m)[2], float (&l)[2],
+                                                   float (&o_acc)[N]) {
+  float alpha[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float m_new = nan_max(m[r], tile_max[r]);
+    // A row with nothing visible yet keeps m = -inf; its p are all 0.
+    alpha[r] = m[r] == -INFINITY ? (m_new == -INFINITY ? 1.f : 0.f) : exp2f(m[r] - m_new);
+    l[r] *= alpha[r];
+    m[r] = m_new;
+  }
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) scale_rows(o_acc, alpha);
+}
+
+// A masked tile (it holds keys some row must not see: the diagonal tile, a document's last),
+// element by element as the emulation states it: s = S 2^eq_i 2^ek_j scale log2(e) on visible keys,
+// -inf elsewhere; p = 2^(s - m); l sums unrounded p; P~ = E4M3(p 2^(ev_j + fold_bias_i)) packed as
+// P.V's A operand. Masked keys contribute an exact 0, even when their V scale is NaN.
+template <int D>
+__device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyTileStage<D>& st,
+                                            const float (&q_factor)[2], const int (&fold_bias)[2], int k0, int len,
+                                            bool causal, const int (&rows)[2], const bool (&row_valid)[2], int t,
+                                            float (&m)[2], float (&l)[2], float (&o_acc)[D / 2],
+                                            uint32_t (&pa)[kKeyTile / 32][4]) {
+  float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int nb = 0; nb < kKeyBlocks; ++nb) {
-    const float2 kc = *reinterpret_cast<const float2*>(k_col + nb * 8 + 2 * t);  // keys 2t, 2t + 1
+    const float2 kc = *reinterpret_cast<const float2*>(st.k_col + nb * 8 + 2 * t);  // keys 2t, 2t + 1
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = e >> 1, kpos = k0 + nb * 8 + 2 * t + (e & 1);
+      const bool visible = row_valid[r] && kpos < len && (!causal || kpos <= rows[r]);
       float& x = s[nb * 4 + e];
-      x = x * q_factor[r] * ((e & 1) ? kc.y : kc.x);
-      if constexpr (kMasked) {
-        const bool visible = row_valid[r] && kpos < len && (!causal || kpos <= rows[r]);
-        if (!visible) x = -INFINITY;
-      }
+      x = visible ? x * q_factor[r] * ((e & 1) ? kc.y : kc.x) : -INFINITY;
       tile_max[r] = nan_max(tile_max[r], x);
     }
   }
-}
+  for (int r = 0; r < 2; ++r) tile_max[r] = quad_nan_max(tile_max[r]);
+  update_running_max(tile_max, m, l, o_acc);
 
-// p = 2^(s - m); l sums unrounded p; P~ = E4M3(p 2^(ev_j + fold_bias_i)) packed as P.V's A operand.
-// Masked keys (s = -inf) contribute an exact 0, even when their V scale is NaN. The fold factor is
-// pow2i(ev_j + fold_bias_i) on masked tiles; on interior tiles the equal product
-// v_pow_j * row_pow_i of two powers of two read from shared memory and registers (forward_kernel).
-template <bool kMasked, int D>
-__device__ __forceinline__ void p_operand(const float (&s)[kKeyTile / 2], const float (&m_new)[2], float (&l)[2],
-                                          const KeyTileStage<D>& st, const int (&fold_bias)[2],
-                                          const float (&row_pow)[2], int t, uint32_t (&pa)[kKeyTile / 32][4]) {
 #pragma unroll
   for (int kk = 0; kk < kKeyTile / 32; ++kk) {
     float pf[4][4];  // [n8 block within the step][element]
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
       const int nb = kk * 4 + b;
-      float2 vp;
-      int2 ve;
-      if constexpr (kMasked) {
-        const uchar2 vs = *reinterpret_cast<const uchar2*>(st.v_scale + nb * 8 + 2 * t);
-        ve = make_int2(scale_exponent(vs.x), scale_exponent(vs.y));
-      } else {
-        vp = *reinterpret_cast<const float2*>(st.v_pow + nb * 8 + 2 * t);
-      }
+      const uchar2 vs = *reinterpret_cast<const uchar2*>(st.v_scale + nb * 8 + 2 * t);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
         const float x = s[nb * 4 + e];
         const bool visible = x != -INFINITY;
-        const float pe = visible ? exp2f(x - m_new[r]) : 0.f;
+        const float pe = visible ? exp2_ftz(x - m[r]) : 0.f;
         l[r] += pe;
-        float fold;
-        if constexpr (kMasked) {
-          const int v_exp = (e & 1) ? ve.y : ve.x;
-          fold = pow2i(v_exp == kNaNExponent ? kNaNExponent : v_exp + fold_bias[r]);
-        } else {
-          fold = ((e & 1) ? vp.y : vp.x) * row_pow[r];
-        }
+        const int v_exp = scale_exponent((e & 1) ? vs.y : vs.x);
+        const float fold = pow2i(v_exp == kNaNExponent ? kNaNExponent : v_exp + fold_bias[r]);
         pf[b][e] = visible ? pe * fold : 0.f;
+      }
+    }
+    pack_a_step(pf, pa[kk]);
+  }
+}
+
+// An interior tile (every key visible to every row): the same numbers with the fewest
+// instructions per element, which bound the kernel (the softmax runs between the two products):
+//   - no mask, and S 2^ek_j (exact) is what the max runs over: s = (S 2^ek_j) q_factor_i is
+//     monotone in it, so the row max of s is q_factor_i times that max (fmaxf: NaN scores make
+//     p NaN below, and so the row's O and LSE, as on masked tiles);
+//   - s - m as one fused multiply-add (one rounding instead of two: well inside the tolerances);
+//   - the V fold 2^(ev_j + fold_bias_i) as the product v_pow_j row_pow_i of two powers of two
+//     (bitwise the same factor: see forward_kernel).
+template <int D>
+__device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const KeyTileStage<D>& st,
+                                              const float (&q_factor)[2], const float (&row_pow)[2], int t,
+                                              float (&m)[2], float (&l)[2], float (&o_acc)[D / 2],
+                                              uint32_t (&pa)[kKeyTile / 32][4]) {
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nb = 0; nb < kKeyBlocks; ++nb) {
+    const float2 kc = *reinterpret_cast<const float2*>(st.k_col + nb * 8 + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float& x = s[nb * 4 + e];
+      x *= (e & 1) ? kc.y : kc.x;
+      tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
+    }
+  }
+  float neg_m[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2)) * q_factor[r];
+  }
+  update_running_max(tile_max, m, l, o_acc);
+  // -m, except where every score so far overflowed to -inf (p = 0 then, not NaN).
+  for (int r = 0; r < 2; ++r) neg_m[r] = m[r] == -INFINITY ? 0.f : -m[r];
+
+#pragma unroll
+  for (int kk = 0; kk < kKeyTile / 32; ++kk) {
+    float pf[4][4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const int nb = kk * 4 + b;
+      const float2 vp = *reinterpret_cast<const float2*>(st.v_pow + nb * 8 + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        const float pe = exp2_ftz(fmaf(s[nb * 4 + e], q_factor[r], neg_m[r]));
+        l[r] += pe;
+        pf[b][e] = pe * (((e & 1) ? vp.y : vp.x) * row_pow[r]);
       }
     }
     pack_a_step(pf, pa[kk]);
@@ -238,33 +302,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) forward_kernel(const For
     wgmma_wait_all();
     fence_accumulators(s);
 
-    // Scales, mask, running max (visible keys only, so it never looks past the row). A tile is
-    // interior when every key is visible to every row: inside the document and, causal, at or
-    // before the CTA's first row.
+    // Softmax and the P operand. A tile is interior when every key is visible to every row: inside
+    // the document and, causal, at or before the CTA's first row. Only visible keys enter the
+    // running max, so it never looks past a row.
     const bool interior = k0 + kKeyTile <= len && (!p.causal || k0 + kKeyTile - 1 <= q0);
-    float tile_max[2] = {-INFINITY, -INFINITY};
-    if (interior) {
-      scale_scores<false>(s, st.k_col, q_factor, k0, len, p.causal, rows, row_valid, t, tile_max);
-    } else {
-      scale_scores<true>(s, st.k_col, q_factor, k0, len, p.causal, rows, row_valid, t, tile_max);
-    }
-    float alpha[2], m_new[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = quad_nan_max(tile_max[r]);
-      m_new[r] = nan_max(m[r], tile_max[r]);
-      // A row with nothing visible yet keeps m = -inf; its p are all 0.
-      alpha[r] = m[r] == -INFINITY ? (m_new[r] == -INFINITY ? 1.f : 0.f) : exp2f(m[r] - m_new[r]);
-      l[r] *= alpha[r];
-      m[r] = m_new[r];
-    }
-    scale_rows(o_acc, alpha);
-
     uint32_t pa[kKeyTile / 32][4];
     if (interior) {
-      p_operand<false>(s, m_new, l, st, fold_bias, row_pow, t, pa);
+      interior_tile(s, st, q_factor, row_pow, t, m, l, o_acc, pa);
     } else {
-      p_operand<true>(s, m_new, l, st, fold_bias, row_pow, t, pa);
+      masked_tile(s, st, q_factor, fold_bias, k0, len, p.causal, rows, row_valid, t, m, l, o_acc, pa);
     }
 
     // O += P~ . V codes on the tensor cores, B = V^T from shared memory.
