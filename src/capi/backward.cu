@@ -9,6 +9,7 @@
 
 #include "capi/cuda_call.h"
 #include "capi/validate.h"
+#include "core/operand_layout.h"
 #include "cuda/quant/quantize_mxfp8.cuh"
 #include "cuda/sm90/backward.h"
 #include "flamia/flamia.h"
@@ -21,7 +22,7 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
                    const flamia_options* options, flamia_tensor* dq, flamia_tensor* dk, flamia_tensor* dv,
                    void* workspace, size_t workspace_bytes, void* stream) {
   if (CallError e = validate_backward(q, k, v, o, lse, dout, docs, options, dq, dk, dv); !e.ok()) return e;
-  const BackwardWorkspace ws = backward_workspace_layout(q->tokens, q->heads, k->heads, q->dim);
+  const BackwardWorkspace ws = backward_workspace_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs);
   if (CallError e = check_workspace(ws, workspace, workspace_bytes); !e.ok()) return e;
   if (CallError e = check_device(); !e.ok()) return e;
 
@@ -30,10 +31,12 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   const NumericsOptions numerics = numerics_options(*options);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint8_t* const base = static_cast<uint8_t*>(workspace);
-  auto region = [base](const WorkspaceRegion& r) { return base + r.offset; };
+  auto region = [base](const WorkspaceRegion& r) { return region_pointer(base, r); };
 
   if (CallError e = quantize_qkv(*q, *k, *v, *docs, numerics, base, ws, s); !e.ok()) return e;
-  if (CallError e = quantize_operand(*dout, *docs, numerics, region(ws.g_codes), nullptr, region(ws.g_scales), s, "dout"); !e.ok())
+  if (CallError e = quantize_operand(*dout, *docs, numerics, region(ws.g_codes), region(ws.g_codes_t),
+                                    region(ws.g_scales), s, "dout");
+      !e.ok())
     return e;
   // The dV fold reference gamma is the document's largest dO exponent (over a KV group's heads):
   // the running max at the document's end.
@@ -47,6 +50,8 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   p.k_codes = region(ws.k_codes), p.k_scales = region(ws.k_scales);
   p.v_codes = region(ws.v_codes), p.v_scales = region(ws.v_scales);
   p.g_codes = region(ws.g_codes), p.g_scales = region(ws.g_scales);
+  p.q_codes_t = region(ws.q_codes_t), p.k_codes_t = region(ws.k_codes_t), p.g_codes_t = region(ws.g_codes_t);
+  p.t_pitch = layout::transposed_tokens(T, docs->num_docs);
   p.g_scale_prefix_max = region(ws.g_scale_prefix_max);
   p.o = o->data, p.o_stride_token = o->stride_token, p.o_stride_head = o->stride_head;
   p.lse = lse;

@@ -29,20 +29,23 @@ CallError quantize_operand(const flamia_tensor& t, const flamia_documents& docs,
                            uint8_t* codes, uint8_t* transposed_codes, uint8_t* scales, cudaStream_t stream,
                            const char* name);
 
+// The buffer of a workspace region, or null where the layout has none (bytes 0).
+inline uint8_t* region_pointer(uint8_t* workspace, const WorkspaceRegion& r) {
+  return r.bytes == 0 ? nullptr : workspace + r.offset;
+}
+
 // Quantizes q, k and v into the regions of a forward or backward workspace layout, whose base is
-// `workspace`: both calls encode the same operands the same way. A layout holds V's codes in the
-// row layout (v_codes) or the transposed one (v_codes_t), whichever its kernels read.
+// `workspace`: both calls encode the same operands the same way, each into the code layouts
+// (rows, transposed) that its layout has.
 template <class Workspace>
 CallError quantize_qkv(const flamia_tensor& q, const flamia_tensor& k, const flamia_tensor& v,
                        const flamia_documents& docs, const NumericsOptions& numerics, uint8_t* workspace,
                        const Workspace& ws, cudaStream_t stream) {
-  uint8_t *v_codes = nullptr, *v_codes_t = nullptr;
-  if constexpr (requires { ws.v_codes_t; }) v_codes_t = workspace + ws.v_codes_t.offset;
-  else v_codes = workspace + ws.v_codes.offset;
+  auto at = [workspace](const WorkspaceRegion& r) { return region_pointer(workspace, r); };
   const std::tuple<const flamia_tensor&, uint8_t*, uint8_t*, uint8_t*, const char*> operands[] = {
-      {q, workspace + ws.q_codes.offset, nullptr, workspace + ws.q_scales.offset, "q"},
-      {k, workspace + ws.k_codes.offset, nullptr, workspace + ws.k_scales.offset, "k"},
-      {v, v_codes, v_codes_t, workspace + ws.v_scales.offset, "v"}};
+      {q, at(ws.q_codes), at(ws.q_codes_t), at(ws.q_scales), "q"},
+      {k, at(ws.k_codes), at(ws.k_codes_t), at(ws.k_scales), "k"},
+      {v, at(ws.v_codes), at(ws.v_codes_t), at(ws.v_scales), "v"}};
   for (const auto& [t, codes, transposed, scales, name] : operands)
     if (CallError e = quantize_operand(t, docs, numerics, codes, transposed, scales, stream, name); !e.ok()) return e;
   return CallError::success();

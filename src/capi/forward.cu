@@ -32,7 +32,7 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   const NumericsOptions numerics = numerics_options(*options);  // prefix isolation: per-token scales
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint8_t* const base = static_cast<uint8_t*>(workspace);
-  auto region = [base](const WorkspaceRegion& r) { return base + r.offset; };
+  auto region = [base](const WorkspaceRegion& r) { return region_pointer(base, r); };
 
   if (CallError e = quantize_qkv(*q, *k, *v, *docs, numerics, base, ws, s); !e.ok()) return e;
   if (const cudaError_t err = cuda::launch_prefix_max_scales(region(ws.v_scales), T, Hkv, docs->cu_seqlens,

@@ -339,14 +339,19 @@ ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64
   return w;
 }
 
-BackwardWorkspace backward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim) {
+BackwardWorkspace backward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                                            int64_t num_docs) {
   BackwardWorkspace w;
   RegionCarver c;
   const size_t t = size_t(tokens), hq = size_t(q_heads), hkv = size_t(kv_heads), d = size_t(head_dim);
+  const size_t slots = size_t(layout::transposed_tokens(tokens, num_docs));
   w.q_codes = c.take(t * hq * d);
   w.k_codes = c.take(t * hkv * d);
   w.v_codes = c.take(t * hkv * d);
   w.g_codes = c.take(t * hq * d);
+  w.q_codes_t = c.take(hq * d * slots);
+  w.k_codes_t = c.take(hkv * d * slots);
+  w.g_codes_t = c.take(hq * d * slots);
   w.q_scales = c.take(t * hq);
   w.k_scales = c.take(t * hkv);
   w.v_scales = c.take(t * hkv);
@@ -450,11 +455,7 @@ flamia_status flamia_forward_workspace_size(const flamia_tensor* q, const flamia
 
 flamia_status flamia_backward_workspace_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
                                              const flamia_documents* docs, size_t* bytes, flamia_error* error) {
-  // The backward's buffers do not depend on the document count (yet: no transposed layout).
-  return flamia::capi::workspace_size_query(
-      q, k, v, docs, bytes, error, [](int64_t t, int64_t hq, int64_t hkv, int64_t d, int64_t /*num_docs*/) {
-        return flamia::capi::backward_workspace_layout(t, hq, hkv, d);
-      });
+  return flamia::capi::workspace_size_query(q, k, v, docs, bytes, error, flamia::capi::backward_workspace_layout);
 }
 
 }  // extern "C"

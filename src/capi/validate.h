@@ -59,13 +59,16 @@ NumericsOptions numerics_options(const flamia_options& options);
 inline constexpr size_t kWorkspaceAlignment = 256;
 
 struct WorkspaceRegion {
-  size_t offset = 0, bytes = 0;
+  size_t offset = 0, bytes = 0;  // bytes 0: the layout has no such buffer
 };
 
+// Codes come in two layouts, each operand in the one(s) its kernels read: rows [T, H, D] (x_codes)
+// and transposed [H, D, layout::transposed_tokens(T, num_docs)] (x_codes_t, core/operand_layout.h).
 struct ForwardWorkspace {
   WorkspaceRegion q_codes;     // E4M3 [T, Hq, D]
   WorkspaceRegion k_codes;     // E4M3 [T, Hkv, D]
-  WorkspaceRegion v_codes_t;   // E4M3 [Hkv, D, layout::transposed_tokens(T, num_docs)] (core/operand_layout.h)
+  WorkspaceRegion q_codes_t, k_codes_t, v_codes;  // none: the forward reads V transposed only
+  WorkspaceRegion v_codes_t;   // E4M3 transposed, Hkv heads
   WorkspaceRegion q_scales;    // UE8M0 [T, Hq]
   WorkspaceRegion k_scales;    // UE8M0 [T, Hkv]
   WorkspaceRegion v_scales;    // UE8M0 [T, Hkv]
@@ -73,7 +76,8 @@ struct ForwardWorkspace {
   size_t total = 0;            // a multiple of kWorkspaceAlignment
 };
 
-// Precondition: the shapes passed validate_shapes and num_docs >= 1 (so no size can overflow).
+// Precondition (both layouts): the shapes passed validate_shapes and num_docs >= 1 (so no size
+// can overflow).
 ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
                                           int64_t num_docs);
 
@@ -81,14 +85,16 @@ ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64
 // dO's running scale max (for the dV fold reference) and D_i.
 struct BackwardWorkspace {
   WorkspaceRegion q_codes, k_codes, v_codes, g_codes;      // E4M3 [T, H, D] (g: dO)
+  WorkspaceRegion q_codes_t, k_codes_t, g_codes_t;         // E4M3 transposed (dK's, dQ's, dV's B operands)
+  WorkspaceRegion v_codes_t;                               // none
   WorkspaceRegion q_scales, k_scales, v_scales, g_scales;  // UE8M0 [T, H]
   WorkspaceRegion g_scale_prefix_max;                      // UE8M0 [T, Hq]
   WorkspaceRegion delta;                                   // FP32 [Hq, T]: D_i
   size_t total = 0;                                        // a multiple of kWorkspaceAlignment
 };
 
-// Precondition: the shapes passed validate_shapes.
-BackwardWorkspace backward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim);
+BackwardWorkspace backward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                                            int64_t num_docs);
 
 // FLAMIA_ERROR_WORKSPACE when the workspace is NULL, smaller than layout.total, or not 256-byte aligned.
 CallError check_workspace(const ForwardWorkspace& layout, const void* workspace, size_t workspace_bytes);

@@ -446,6 +446,7 @@ TEST(CapiValidation, WorkspaceLayout) {
     const ForwardWorkspace again = forward_workspace_layout(T, Hq, Hkv, D, docs);
     EXPECT_EQ(w.total, again.total);
     EXPECT_EQ(w.total % kWorkspaceAlignment, 0u);
+    EXPECT_EQ(w.q_codes_t.bytes + w.k_codes_t.bytes + w.v_codes.bytes, 0u) << "layouts the forward does not read";
     const WorkspaceRegion regions[] = {w.q_codes,  w.k_codes,  w.v_codes_t, w.q_scales,
                                        w.k_scales, w.v_scales, w.v_fold_ref};
     // V's transposed codes: every document padded to whole 32-token steps, plus a step each.
@@ -581,13 +582,17 @@ TEST(CapiValidation, BackwardChecksEveryArgument) {
 }
 
 TEST(CapiValidation, BackwardWorkspaceLayout) {
-  for (const auto& [T, Hq, Hkv, D] :
-       std::vector<std::array<int64_t, 4>>{{1, 1, 1, 64}, {14, 4, 2, 64}, {1000, 32, 8, 128}, {777, 6, 3, 128}}) {
-    const BackwardWorkspace w = backward_workspace_layout(T, Hq, Hkv, D);
+  for (const auto& [T, Hq, Hkv, D, docs] : std::vector<std::array<int64_t, 5>>{
+           {1, 1, 1, 64, 1}, {14, 4, 2, 64, 3}, {1000, 32, 8, 128, 9}, {777, 6, 3, 128, 700}}) {
+    const BackwardWorkspace w = backward_workspace_layout(T, Hq, Hkv, D, docs);
     EXPECT_EQ(w.total % kWorkspaceAlignment, 0u);
-    const WorkspaceRegion regions[] = {w.q_codes,  w.k_codes,  w.v_codes,  w.g_codes,           w.q_scales,
-                                       w.k_scales, w.v_scales, w.g_scales, w.g_scale_prefix_max, w.delta};
+    EXPECT_EQ(w.v_codes_t.bytes, 0u) << "a layout the backward does not read";
+    const size_t slots = size_t(32 * ((T + 31) / 32 + docs));
+    const WorkspaceRegion regions[] = {w.q_codes,  w.k_codes,   w.v_codes,   w.g_codes,  w.q_codes_t,
+                                       w.k_codes_t, w.g_codes_t, w.q_scales,  w.k_scales, w.v_scales,
+                                       w.g_scales, w.g_scale_prefix_max, w.delta};
     const size_t need[] = {size_t(T * Hq * D), size_t(T * Hkv * D), size_t(T * Hkv * D), size_t(T * Hq * D),
+                           size_t(Hq * D) * slots, size_t(Hkv * D) * slots, size_t(Hq * D) * slots,
                            size_t(T * Hq),     size_t(T * Hkv),     size_t(T * Hkv),     size_t(T * Hq),
                            size_t(T * Hq),     size_t(T * Hq) * sizeof(float)};
     size_t end = 0;
@@ -599,11 +604,11 @@ TEST(CapiValidation, BackwardWorkspaceLayout) {
     }
     EXPECT_LE(end, w.total);
     flamia_tensor q = packed(0x10000, T, Hq, D), k = packed(0x20000, T, Hkv, D), v = packed(0x30000, T, Hkv, D);
-    flamia_documents docs{};
-    docs.num_docs = 1;
+    flamia_documents d{};
+    d.num_docs = int32_t(docs);
     size_t bytes = 0;
     flamia_error err;
-    ASSERT_EQ(flamia_backward_workspace_size(&q, &k, &v, &docs, &bytes, &err), FLAMIA_SUCCESS) << err.message;
+    ASSERT_EQ(flamia_backward_workspace_size(&q, &k, &v, &d, &bytes, &err), FLAMIA_SUCCESS) << err.message;
     EXPECT_EQ(bytes, w.total);
   }
   size_t bytes = 0;
@@ -612,7 +617,7 @@ TEST(CapiValidation, BackwardWorkspaceLayout) {
   EXPECT_EQ(flamia_backward_workspace_size(&d.q, &d.k, &d.v, &d.docs, &bytes, nullptr), kNotSupported);
   EXPECT_EQ(flamia_backward_workspace_size(&d.q, &d.k, &d.v, &d.docs, nullptr, nullptr), kInvalid);
 
-  const BackwardWorkspace w = backward_workspace_layout(14, 4, 2, 64);
+  const BackwardWorkspace w = backward_workspace_layout(14, 4, 2, 64, 3);
   EXPECT_TRUE(check_workspace(w, fake_pointer(0x100000), w.total).ok());
   EXPECT_TRUE(Fails(check_workspace(w, fake_pointer(0x100000), w.total - 1), FLAMIA_ERROR_WORKSPACE,
                     "flamia_backward_workspace_size"));

@@ -21,6 +21,9 @@ struct BackwardParams {
   const uint8_t *k_codes, *k_scales;
   const uint8_t *v_codes, *v_scales;
   const uint8_t *g_codes, *g_scales;  // dO
+  // The same codes of Q, K and dO in the transposed layout [H, D, t_pitch] (core/operand_layout.h).
+  const uint8_t *q_codes_t, *k_codes_t, *g_codes_t;
+  int64_t t_pitch;  // layout::transposed_tokens(T, num_docs)
   const uint8_t* g_scale_prefix_max;  // [T, Hq]: running max of dO's scales within the document
   const void* o;                      // BF16 [T, Hq, D], the saved forward output
   int64_t o_stride_token, o_stride_head;

@@ -10,11 +10,14 @@
 // per (key, query tile), as
 // docs/NUMERICS.md and the emulation (reference::mxfp8_backward) define them. dK is scaled by the
 // softmax scale at the end.
+// Query tiles are double-buffered cp.async copies (Q and dO rows, and Q^T, dO^T from the
+// quantizer's transposed layouts), with their per-query constants loaded one tile ahead.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "core/operand_layout.h"
 #include "core/tiling.h"
 #include "cuda/sm90/accumulator.cuh"
 #include "cuda/sm90/backward.h"
@@ -32,21 +35,123 @@ constexpr int kKeyRows = 64;                        // keys per CTA: the m64 of 
 constexpr int kQueryTile = tiling::kBwdQueryTile;   // queries per step: tau's group
 static_assert(kQueryTile == 64, "S^T is one m64n64 product per k-step");
 static_assert(tiling::kBwdKeyTile % kKeyRows == 0, "a CTA's keys lie inside one backward key tile");
+static_assert(kQueryTile <= kThreads, "one thread loads each query's constants");
 
+// Per-query constants of a tile: {2^eq_i, 2^eg_i, 2^(boost + eg_i - gamma), -LSE_i log2(e)}, D_i.
+struct QueryTileConsts {
+  float4 c[kQueryTile];
+  float delta[kQueryTile];
+};
+
+// One query tile's operands: the double buffer holds two.
 template <int D>
-struct DkdvShared {
-  uint8_t k[kKeyRows * D];     // rows form (A of S^T)
-  uint8_t v[kKeyRows * D];     // rows form (A of E^T)
+struct DkdvQueryStage {
   uint8_t q[kQueryTile * D];   // rows form (B of S^T)
   uint8_t g[kQueryTile * D];   // rows form (B of E^T)
-  uint8_t qt[D * kQueryTile];  // transposed form (B of dK)
-  uint8_t gt[D * kQueryTile];  // transposed form (B of dV)
-  float q_pow[kQueryTile];     // 2^eq_i
-  float g_pow[kQueryTile];     // 2^eg_i
-  float p_fold[kQueryTile];    // 2^(boost + eg_i - gamma)
-  float lse2[kQueryTile];      // LSE_i log2(e)
-  float delta[kQueryTile];     // D_i
+  uint8_t qt[D * kQueryTile];  // transposed form, queries permuted (B of dK)
+  uint8_t gt[D * kQueryTile];  // transposed form, queries permuted (B of dV)
+  QueryTileConsts consts;
 };
+template <int D>
+struct DkdvShared {
+  uint8_t k[kKeyRows * D];  // rows form (A of S^T)
+  uint8_t v[kKeyRows * D];  // rows form (A of E^T)
+  DkdvQueryStage<D> stage[2];
+};
+static_assert(2 * (sizeof(DkdvShared<128>) + 1024) <= 228 * 1024, "2 CTAs per SM must fit in shared memory");
+
+// The (query head, query tile) steps of a CTA, in order: each head of the KV group, and for it the
+// 64-query tiles (counted from the document start) from q_begin to the document end.
+struct QuerySteps {
+  int first_head, q_begin, tiles_per_head;
+  __device__ int head(int step) const { return first_head + step / tiles_per_head; }
+  __device__ int q0(int step) const { return q_begin + step % tiles_per_head * kQueryTile; }
+};
+
+// Query q0 + threadIdx.x's inputs to its constants (threads below kQueryTile; clamped into the
+// document: masked queries' values are unused).
+struct QueryInputs {
+  uint8_t q_scale, g_scale;
+  float lse, delta;
+};
+__device__ __forceinline__ QueryInputs load_query_inputs(const BackwardParams& p, const DocumentSpan& d, int h, int q0) {
+  if (threadIdx.x >= kQueryTile) return {};
+  const int64_t token = d.begin + min(q0 + int(threadIdx.x), d.len - 1);
+  const int64_t s = token * p.q_heads + h;
+  return {p.q_scales[s], p.g_scales[s], p.lse[int64_t(h) * p.total_tokens + token],
+          p.delta[int64_t(h) * p.total_tokens + token]};
+}
+__device__ __forceinline__ void store_query_consts(const QueryInputs& in, int gamma, int p_boost_log2,
+                                                   QueryTileConsts& c) {
+  if (threadIdx.x >= kQueryTile) return;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int eg = scale_exponent(in.g_scale);
+  const float p_fold = pow2i(gamma == kNaNExponent ? kNaNExponent : add_exponents(eg, p_boost_log2 - gamma));
+  c.c[threadIdx.x] = make_float4(pow2_of_scale(in.q_scale), pow2i(eg), p_fold, -(in.lse * kLog2e));
+  c.delta[threadIdx.x] = in.delta;
+}
+
+template <int D>
+__device__ __forceinline__ void copy_query_tile_async(const BackwardParams& p, const DocumentSpan& d, int64_t doc_slot,
+                                                      int h, int q0, DkdvQueryStage<D>& st) {
+  const int64_t q_pitch = int64_t(p.q_heads) * D, q_offset = (int64_t(d.begin + q0) * p.q_heads + h) * D;
+  const int64_t t_offset = int64_t(h) * D * p.t_pitch + doc_slot + q0;
+  copy_tile_async<kQueryTile, D, kThreads>(p.q_codes + q_offset, q_pitch, d.len - q0, D, st.q);
+  copy_tile_async<kQueryTile, D, kThreads>(p.g_codes + q_offset, q_pitch, d.len - q0, D, st.g);
+  copy_tile_async<D, kQueryTile, kThreads>(p.q_codes_t + t_offset, p.t_pitch, D, d.len - q0, st.qt);
+  copy_tile_async<D, kQueryTile, kThreads>(p.g_codes_t + t_offset, p.t_pitch, D, d.len - q0, st.gt);
+}
+
+// A masked tile (pairs some key must not enter), element by element as the emulation states it:
+// s becomes dV's operand p 2^(boost + eg - gamma), e becomes U 2^eq (dK's, before tau), both 0 on
+// invisible pairs; amax the key row's max of |U 2^eq|.
+__device__ __forceinline__ void masked_pu(float (&s)[kQueryTile / 2], float (&e)[kQueryTile / 2],
+                                          const QueryTileConsts& qc, const float (&k_factor)[2],
+                                          const float (&v_pow)[2], const int (&keys)[2], const DocumentSpan& d, int q0,
+                                          bool causal, int t, float (&amax)[2]) {
+#pragma unroll
+  for (int x = 0; x < kQueryTile / 2; ++x) {
+    const int r = (x >> 1) & 1, i = (x >> 2) * 8 + 2 * t + (x & 1), query = q0 + i;
+    const bool visible = keys[r] < d.len && query < d.len && (!causal || keys[r] <= query);
+    float pv = 0.f, w = 0.f;
+    if (visible) {
+      const float4 c = qc.c[i];  // q_pow, g_pow, p_fold, -lse2
+      const float pij = exp2f(s[x] * k_factor[r] * c.x + c.w);
+      const float eij = e[x] * v_pow[r] * c.y;
+      pv = pij * c.z;
+      w = pij * (eij - qc.delta[i]) * c.x;
+    }
+    s[x] = pv;
+    e[x] = w;
+    amax[r] = nan_max(amax[r], fabsf(w));
+  }
+}
+
+// An interior tile (every pair visible): the same numbers with fewer instructions per element, as
+// in backward_dq.cu's interior_u: no mask, the exponent as one fused multiply-add, 2^x on the MUFU
+// unit with subnormal results flushed (p < 2^-126 moves dK and dV by less than 2^-126 times
+// |E - D| 2^eq or 2^(boost + eg - gamma): nothing next to the rows' probability mass), fmaxf for
+// the max (a NaN U element still makes its E4M3 code, and so the key's dK, NaN).
+__device__ __forceinline__ void interior_pu(float (&s)[kQueryTile / 2], float (&e)[kQueryTile / 2],
+                                            const QueryTileConsts& qc, const float (&k_factor)[2],
+                                            const float (&v_pow)[2], int t, float (&amax)[2]) {
+#pragma unroll
+  for (int nb = 0; nb < kQueryTile / 8; ++nb) {
+    const float4 c2[2] = {qc.c[nb * 8 + 2 * t], qc.c[nb * 8 + 2 * t + 1]};
+    const float2 dl = *reinterpret_cast<const float2*>(qc.delta + nb * 8 + 2 * t);
+#pragma unroll
+    for (int el = 0; el < 4; ++el) {
+      const int r = el >> 1, x = nb * 4 + el;
+      const float4 c = c2[el & 1];
+      float pij;
+      asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(pij) : "f"(fmaf(s[x] * c.x, k_factor[r], c.w)));
+      const float w = pij * (e[x] * v_pow[r] * c.y - ((el & 1) ? dl.y : dl.x)) * c.x;
+      s[x] = pij * c.z;
+      e[x] = w;
+      amax[r] = fmaxf(amax[r], fabsf(w));
+    }
+  }
+}
 
 template <int D>
 __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardParams p) {
@@ -70,16 +175,6 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardP
     v_pow[r] = pow2_of_scale(p.v_scales[s]);
   }
 
-  const int64_t kv_pitch = int64_t(p.kv_heads) * D, q_pitch = int64_t(p.q_heads) * D;
-  const int64_t kv_offset = (int64_t(d.begin + k0) * p.kv_heads + kvh) * D;
-  stage_code_tile<D, kKeyRows, kThreads>(p.k_codes + kv_offset, kv_pitch, d.len - k0, sm.k, nullptr);
-  stage_code_tile<D, kKeyRows, kThreads>(p.v_codes + kv_offset, kv_pitch, d.len - k0, sm.v, nullptr);
-
-  float dk_acc[D / 2], dv_acc[D / 2];
-  zero(dk_acc);
-  zero(dv_acc);
-  const int q_begin = p.causal ? k0 : 0;  // k0 is a multiple of kQueryTile: a query tile start
-
   // gamma: the document's largest dO exponent over the group's query heads (each head's running
   // max at the document's last token; UE8M0 bytes order like exponents, NaN (0xFF) the largest).
   uint8_t gamma_code = 0;
@@ -87,97 +182,110 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardP
     gamma_code = uint8_t(max(int(gamma_code), int(p.g_scale_prefix_max[int64_t(d.end - 1) * p.q_heads + h])));
   const int gamma = scale_exponent(gamma_code);
 
-  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
-    for (int q0 = q_begin; q0 < d.len; q0 += kQueryTile) {
-      __syncthreads();  // the previous tile's readers are done (its wgmmas were waited for)
-      const int64_t q_offset = (int64_t(d.begin + q0) * p.q_heads + h) * D;
-      stage_code_tile<D, kQueryTile, kThreads>(p.q_codes + q_offset, q_pitch, d.len - q0, sm.q, sm.qt);
-      stage_code_tile<D, kQueryTile, kThreads>(p.g_codes + q_offset, q_pitch, d.len - q0, sm.g, sm.gt);
-      for (int i = threadIdx.x; i < kQueryTile; i += blockDim.x) {
-        const int64_t token = d.begin + min(q0 + i, d.len - 1);
-        const int64_t s = token * p.q_heads + h;
-        const int eg = scale_exponent(p.g_scales[s]);
-        sm.q_pow[i] = pow2_of_scale(p.q_scales[s]);
-        sm.g_pow[i] = pow2i(eg);
-        sm.p_fold[i] = pow2i(gamma == kNaNExponent ? kNaNExponent : add_exponents(eg, p.p_boost_log2 - gamma));
-        sm.lse2[i] = p.lse[int64_t(h) * p.total_tokens + token] * kLog2e;
-        sm.delta[i] = p.delta[int64_t(h) * p.total_tokens + token];
-      }
-      fence_smem_for_async_proxy();
-      __syncthreads();
+  // Prologue: the CTA's K and V rows (once) and the first query step; step i uses stage i % 2.
+  const int64_t kv_pitch = int64_t(p.kv_heads) * D, kv_offset = (int64_t(d.begin + k0) * p.kv_heads + kvh) * D;
+  const int64_t doc_slot = layout::transposed_document_start(d.begin, doc);
+  const int q_begin = p.causal ? k0 : 0;  // k0 is a multiple of kQueryTile: a query tile start
+  const QuerySteps steps{kvh * group, q_begin, (d.len - q_begin + kQueryTile - 1) / kQueryTile};
+  const int num_steps = group * steps.tiles_per_head;
+  copy_tile_async<kKeyRows, D, kThreads>(p.k_codes + kv_offset, kv_pitch, d.len - k0, D, sm.k);
+  copy_tile_async<kKeyRows, D, kThreads>(p.v_codes + kv_offset, kv_pitch, d.len - k0, D, sm.v);
+  copy_query_tile_async(p, d, doc_slot, steps.head(0), steps.q0(0), sm.stage[0]);
+  cp_async_commit();
+  store_query_consts(load_query_inputs(p, d, steps.head(0), steps.q0(0)), gamma, p.p_boost_log2, sm.stage[0].consts);
 
-      // S^T = K . Q^T and E^T = V . dO^T: 64 keys x 64 queries each, D/32 k-steps.
-      float s[kQueryTile / 2], e[kQueryTile / 2];
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < D / 32; ++ks)
-        wgmma_m64n64k32_ss(s, smem_descriptor(sm.k + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>),
-                           smem_descriptor(sm.q + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>), ks > 0);
-#pragma unroll
-      for (int ks = 0; ks < D / 32; ++ks)
-        wgmma_m64n64k32_ss(e, smem_descriptor(sm.v + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>),
-                           smem_descriptor(sm.g + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>), ks > 0);
-      wgmma_commit();
-      wgmma_wait_all();
-      fence_accumulators(s);
-      fence_accumulators(e);
-
-      // In place: s becomes dV's operand p 2^(boost + eg - gamma), e becomes U 2^eq (dK's, before tau).
-      float amax[2] = {0.f, 0.f};
-#pragma unroll
-      for (int x = 0; x < kQueryTile / 2; ++x) {
-        const int r = (x >> 1) & 1, i = (x >> 2) * 8 + 2 * t + (x & 1), query = q0 + i;
-        const bool visible = keys[r] < d.len && query < d.len && (!p.causal || keys[r] <= query);
-        float pv = 0.f, w = 0.f;
-        if (visible) {
-          const float pij = exp2f(s[x] * k_factor[r] * sm.q_pow[i] - sm.lse2[i]);
-          const float eij = e[x] * v_pow[r] * sm.g_pow[i];
-          pv = pij * sm.p_fold[i];
-          w = pij * (eij - sm.delta[i]) * sm.q_pow[i];
-        }
-        s[x] = pv;
-        e[x] = w;
-        amax[r] = nan_max(amax[r], fabsf(w));
-      }
-      float tau_pow[2], tau_inv[2];
-      for (int r = 0; r < 2; ++r) {
-        const int tau = scale_exponent(formats::scale_for_amax(double(quad_nan_max(amax[r])), formats::ScaleRule::kCeil));
-        tau_pow[r] = pow2i(tau);
-        tau_inv[r] = tau == kNaNExponent ? pow2i(kNaNExponent) : pow2i(-tau);
-      }
-      uint32_t pa[kQueryTile / 32][4], ua[kQueryTile / 32][4];
-#pragma unroll
-      for (int kk = 0; kk < kQueryTile / 32; ++kk) {
-        float pf[4][4], uf[4][4];
-#pragma unroll
-        for (int b = 0; b < 4; ++b)
-#pragma unroll
-          for (int el = 0; el < 4; ++el) {
-            const int x = (kk * 4 + b) * 4 + el;
-            pf[b][el] = s[x];
-            uf[b][el] = e[x] * tau_inv[el >> 1];
-          }
-        pack_a_step(pf, pa[kk]);
-        pack_a_step(uf, ua[kk]);
-      }
-
-      // dV += P~^T . dO codes;  dK_tile = U~^T . Q codes (B: the transposed, permuted forms).
-      float dk_tile[D / 2];
-      zero(dk_tile);
-      fence_accumulators(dv_acc);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kQueryTile / 32; ++kk)
-        wgmma_m64nNk32_rs<D>(dv_acc, pa[kk], smem_descriptor(sm.gt + kk * 2 * kCoreMatrixBytes, kTransposedFormStride<kQueryTile>));
-#pragma unroll
-      for (int kk = 0; kk < kQueryTile / 32; ++kk)
-        wgmma_m64nNk32_rs<D>(dk_tile, ua[kk], smem_descriptor(sm.qt + kk * 2 * kCoreMatrixBytes, kTransposedFormStride<kQueryTile>));
-      wgmma_commit();
-      wgmma_wait_all();
-      fence_accumulators(dv_acc);
-      fence_accumulators(dk_tile);
-      add_scaled_rows(dk_acc, dk_tile, tau_pow);
+  float dk_acc[D / 2], dv_acc[D / 2];
+  zero(dk_acc);
+  zero(dv_acc);
+  for (int step = 0; step < num_steps; ++step) {
+    const int q0 = steps.q0(step);
+    const DkdvQueryStage<D>& st = sm.stage[step % 2];
+    cp_async_wait_all();
+    fence_smem_for_async_proxy();  // the copies are generic-proxy writes; wgmma reads via the async proxy
+    __syncthreads();  // step's tiles and constants are in shared memory; the other stage is free
+    const bool has_next = step + 1 < num_steps;
+    QueryInputs next_inputs{};
+    if (has_next) {
+      copy_query_tile_async(p, d, doc_slot, steps.head(step + 1), steps.q0(step + 1), sm.stage[(step + 1) % 2]);
+      cp_async_commit();
+      next_inputs = load_query_inputs(p, d, steps.head(step + 1), steps.q0(step + 1));
     }
+
+    // S^T = K . Q^T and E^T = V . dO^T: 64 keys x 64 queries each, D/32 k-steps.
+    float s[kQueryTile / 2], e[kQueryTile / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 32; ++ks)
+      wgmma_m64n64k32_ss(s, smem_descriptor(sm.k + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>),
+                         smem_descriptor(st.q + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>), ks > 0);
+#pragma unroll
+    for (int ks = 0; ks < D / 32; ++ks)
+      wgmma_m64n64k32_ss(e, smem_descriptor(sm.v + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>),
+                         smem_descriptor(st.g + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>), ks > 0);
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_accumulators(s);
+    fence_accumulators(e);
+
+    // In place: s becomes dV's operand, e dK's before tau. Interior: every (key, query) pair
+    // visible (queries inside the document and, causal, the CTA's last key before the first query).
+    float amax[2] = {0.f, 0.f};
+    const bool interior = q0 + kQueryTile <= d.len && (!p.causal || k0 + kKeyRows - 1 <= q0);
+    if (interior) {
+      interior_pu(s, e, st.consts, k_factor, v_pow, t, amax);
+    } else {
+      masked_pu(s, e, st.consts, k_factor, v_pow, keys, d, q0, p.causal, t, amax);
+    }
+    float tau_pow[2], tau_inv[2];
+    for (int r = 0; r < 2; ++r) {
+      const int tau = scale_exponent(formats::scale_for_amax(double(quad_nan_max(amax[r])), formats::ScaleRule::kCeil));
+      tau_pow[r] = pow2i(tau);
+      tau_inv[r] = tau == kNaNExponent ? pow2i(kNaNExponent) : pow2i(-tau);
+    }
+    uint32_t pa[kQueryTile / 32][4], ua[kQueryTile / 32][4];
+#pragma unroll
+    for (int kk = 0; kk < kQueryTile / 32; ++kk) {
+      float pf[4][4], uf[4][4];
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+#pragma unroll
+        for (int el = 0; el < 4; ++el) {
+          const int x = (kk * 4 + b) * 4 + el;
+          pf[b][el] = s[x];
+          uf[b][el] = e[x] * tau_inv[el >> 1];
+        }
+      pack_a_step(pf, pa[kk]);
+      pack_a_step(uf, ua[kk]);
+    }
+
+    // dV += P~^T . dO codes;  dK += 2^tau (U~^T . Q codes) (B: the transposed, permuted forms).
+    // At D = 128 the dK tile is two halves of the features one after the other: dK, dV and a whole
+    // dK tile would hold 192 accumulator registers at once.
+    constexpr int kTStride = kTransposedFormStride<kQueryTile>;
+    constexpr int kHalves = D == 128 ? 2 : 1, kHalfCols = D / kHalves;
+    fence_accumulators(dv_acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kQueryTile / 32; ++kk)
+      wgmma_m64nNk32_rs<D>(dv_acc, pa[kk], smem_descriptor(st.gt + kk * 2 * kCoreMatrixBytes, kTStride));
+    wgmma_commit();
+#pragma unroll
+    for (int half = 0; half < kHalves; ++half) {
+      float dk_tile[kHalfCols / 2];
+      zero(dk_tile);
+      wgmma_fence();
+      const uint8_t* qt = st.qt + half * (kHalfCols / 8) * kTStride;  // feature rows of this half
+#pragma unroll
+      for (int kk = 0; kk < kQueryTile / 32; ++kk)
+        wgmma_m64nNk32_rs<kHalfCols>(dk_tile, ua[kk], smem_descriptor(qt + kk * 2 * kCoreMatrixBytes, kTStride));
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_accumulators(dk_tile);
+      add_scaled_rows(*reinterpret_cast<float(*)[kHalfCols / 2]>(dk_acc + half * kHalfCols / 2), dk_tile, tau_pow);
+    }
+    fence_accumulators(dv_acc);
+    // Nobody reads the other stage until the next step's barrier.
+    if (has_next) store_query_consts(next_inputs, gamma, p.p_boost_log2, sm.stage[(step + 1) % 2].consts);
   }
 
   const float dv_factor = gamma == kNaNExponent ? pow2i(kNaNExponent) : pow2i(gamma - p.p_boost_log2);

@@ -7,11 +7,14 @@
 // one sigma per (row, key tile), as the emulation defines it; dQ is scaled by the softmax scale at
 // the end. A row reads only its visible keys, and its sum runs in a fixed order: dQ_i is
 // deterministic and, in prefix mode, independent of everything after i.
+// Key tiles are double-buffered cp.async copies (K rows, V rows, and K^T from the quantizer's
+// transposed layout); the next tile's copies and scales are in flight while one is computed.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "core/operand_layout.h"
 #include "core/tiling.h"
 #include "cuda/sm90/accumulator.cuh"
 #include "cuda/sm90/backward.h"
@@ -29,17 +32,105 @@ constexpr int kQueryRows = 64;                 // rows per CTA: the m64 of every
 constexpr int kKeyTile = tiling::kBwdKeyTile;  // keys per step: sigma's group
 static_assert(kKeyTile == 128, "S is one m64n128 product per k-step");
 static_assert(kKeyTile % kQueryRows == 0, "a CTA's rows share their diagonal key tile");
+static_assert(kKeyTile == kThreads, "one thread loads each key's scales");
 
+// One key tile's codes: the double buffer holds two.
+template <int D>
+struct DqKeyStage {
+  uint8_t k[kKeyTile * D];   // rows form (B of S)
+  uint8_t v[kKeyTile * D];   // rows form (B of E)
+  uint8_t kt[D * kKeyTile];  // transposed form, keys permuted (B of dQ)
+};
 template <int D>
 struct DqShared {
   uint8_t q[kQueryRows * D];  // rows form (A of S)
   uint8_t g[kQueryRows * D];  // rows form (A of E)
-  uint8_t k[kKeyTile * D];    // rows form (B of S)
-  uint8_t v[kKeyTile * D];    // rows form (B of E)
-  uint8_t kt[D * kKeyTile];   // transposed form (B of dQ)
-  float k_pow[kKeyTile];      // 2^ek_j
-  float v_pow[kKeyTile];      // 2^ev_j
+  DqKeyStage<D> stage[2];
+  // The current tile's key scales. Single-buffered (two CTAs per SM leave no room for a second
+  // copy at D = 128): the next tile's are written after a barrier at the end of the step.
+  float k_pow[kKeyTile];  // 2^ek_j
+  float v_pow[kKeyTile];  // 2^ev_j
 };
+static_assert(2 * (sizeof(DqShared<128>) + 1024) <= 228 * 1024, "2 CTAs per SM must fit in shared memory");
+
+// Key k0 + threadIdx.x's scale codes (clamped into the document: masked keys' values are unused).
+struct KeyScaleCodes {
+  uint8_t k, v;
+};
+__device__ __forceinline__ KeyScaleCodes load_key_scales(const BackwardParams& p, const DocumentSpan& d, int kvh, int k0) {
+  const int64_t s = int64_t(d.begin + min(k0 + int(threadIdx.x), d.len - 1)) * p.kv_heads + kvh;
+  return {p.k_scales[s], p.v_scales[s]};
+}
+template <int D>
+__device__ __forceinline__ void store_key_scales(const KeyScaleCodes& c, DqShared<D>& sm) {
+  sm.k_pow[threadIdx.x] = pow2_of_scale(c.k);
+  sm.v_pow[threadIdx.x] = pow2_of_scale(c.v);
+}
+
+template <int D>
+__device__ __forceinline__ void copy_key_tile_async(const BackwardParams& p, const DocumentSpan& d, int64_t kt_doc_row,
+                                                    int kvh, int k0, DqKeyStage<D>& st) {
+  const int64_t kv_pitch = int64_t(p.kv_heads) * D, kv_offset = (int64_t(d.begin + k0) * p.kv_heads + kvh) * D;
+  copy_tile_async<kKeyTile, D, kThreads>(p.k_codes + kv_offset, kv_pitch, d.len - k0, D, st.k);
+  copy_tile_async<kKeyTile, D, kThreads>(p.v_codes + kv_offset, kv_pitch, d.len - k0, D, st.v);
+  copy_tile_async<D, kKeyTile, kThreads>(p.k_codes_t + kt_doc_row + k0, p.t_pitch, D, d.len - k0, st.kt);
+}
+
+// Per-row constants of the U computation.
+struct DqRows {
+  float q_factor[2];  // 2^eq_i scale log2(e)
+  float g_pow[2];     // 2^eg_i
+  float lse2[2];      // LSE_i log2(e)
+  float delta[2];     // D_i
+};
+
+// A masked tile (keys some row must not see), element by element as the emulation states it:
+// s becomes U_ij 2^ek_j on visible pairs, 0 elsewhere; amax its row max of |.|.
+template <int D>
+__device__ __forceinline__ void masked_u(float (&s)[kKeyTile / 2], const float (&e)[kKeyTile / 2], const DqShared<D>& sm,
+                                         const DqRows& rw, const int (&rows)[2], const DocumentSpan& d, int k0,
+                                         bool causal, int t, float (&amax)[2]) {
+#pragma unroll
+  for (int x = 0; x < kKeyTile / 2; ++x) {
+    const int r = (x >> 1) & 1, j = (x >> 2) * 8 + 2 * t + (x & 1), key = k0 + j;
+    const bool visible = rows[r] < d.len && key < d.len && (!causal || key <= rows[r]);
+    float w = 0.f;
+    if (visible) {
+      const float pij = exp2f(s[x] * rw.q_factor[r] * sm.k_pow[j] - rw.lse2[r]);
+      const float eij = e[x] * rw.g_pow[r] * sm.v_pow[j];
+      w = pij * (eij - rw.delta[r]) * sm.k_pow[j];
+    }
+    s[x] = w;
+    amax[r] = nan_max(amax[r], fabsf(w));
+  }
+}
+
+// An interior tile (every key visible to every row): the same numbers with fewer instructions per
+// element, which bound the kernel: no mask; the exponent s 2^ek q_factor - lse2 as one fused
+// multiply-add (one rounding instead of two); 2^x on the MUFU unit with subnormal results flushed
+// (p < 2^-126 moves dQ by less than 2^-126 |E - D| 2^ek, nothing next to the tiles that hold the
+// row's probability mass, which sums to 1); fmaxf for the row max (a NaN U element still makes
+// its E4M3 code, and so the row's dQ, NaN).
+template <int D>
+__device__ __forceinline__ void interior_u(float (&s)[kKeyTile / 2], const float (&e)[kKeyTile / 2],
+                                           const DqShared<D>& sm, const DqRows& rw, int t, float (&amax)[2]) {
+  const float neg_lse2[2] = {-rw.lse2[0], -rw.lse2[1]};
+#pragma unroll
+  for (int nb = 0; nb < kKeyTile / 8; ++nb) {
+    const float2 kp = *reinterpret_cast<const float2*>(sm.k_pow + nb * 8 + 2 * t);
+    const float2 vp = *reinterpret_cast<const float2*>(sm.v_pow + nb * 8 + 2 * t);
+#pragma unroll
+    for (int el = 0; el < 4; ++el) {
+      const int r = el >> 1, x = nb * 4 + el;
+      const float k_pow = (el & 1) ? kp.y : kp.x, v_pow = (el & 1) ? vp.y : vp.x;
+      float pij;
+      asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(pij) : "f"(fmaf(s[x] * k_pow, rw.q_factor[r], neg_lse2[r])));
+      const float w = pij * (e[x] * v_pow * rw.g_pow[r] - rw.delta[r]) * k_pow;
+      s[x] = w;
+      amax[r] = fmaxf(amax[r], fabsf(w));
+    }
+  }
+}
 
 template <int D>
 __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardParams p) {
@@ -56,36 +147,40 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardPar
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   const float scale_log2e = p.softmax_scale * kLog2e;
-  float q_factor[2], g_pow[2], lse2[2], delta[2];  // 2^eq_i scale log2(e), 2^eg_i, LSE_i log2(e), D_i
+  DqRows rw;
   for (int r = 0; r < 2; ++r) {
     const int64_t token = d.begin + min(rows[r], d.len - 1);
     const int64_t s = token * p.q_heads + h;
-    q_factor[r] = pow2_of_scale(p.q_scales[s]) * scale_log2e;
-    g_pow[r] = pow2_of_scale(p.g_scales[s]);
-    lse2[r] = p.lse[int64_t(h) * p.total_tokens + token] * kLog2e;
-    delta[r] = p.delta[int64_t(h) * p.total_tokens + token];
+    rw.q_factor[r] = pow2_of_scale(p.q_scales[s]) * scale_log2e;
+    rw.g_pow[r] = pow2_of_scale(p.g_scales[s]);
+    rw.lse2[r] = p.lse[int64_t(h) * p.total_tokens + token] * kLog2e;
+    rw.delta[r] = p.delta[int64_t(h) * p.total_tokens + token];
   }
 
+  // Prologue: the CTA's Q and dO rows (once) and key tile 0; tile i of the loop uses stage i % 2.
   const int64_t q_offset = (int64_t(d.begin + q0) * p.q_heads + h) * D, q_pitch = int64_t(p.q_heads) * D;
-  stage_code_tile<D, kQueryRows, kThreads>(p.q_codes + q_offset, q_pitch, d.len - q0, sm.q, nullptr);
-  stage_code_tile<D, kQueryRows, kThreads>(p.g_codes + q_offset, q_pitch, d.len - q0, sm.g, nullptr);
+  const int64_t kt_doc_row = int64_t(kvh) * D * p.t_pitch + layout::transposed_document_start(d.begin, doc);
+  copy_tile_async<kQueryRows, D, kThreads>(p.q_codes + q_offset, q_pitch, d.len - q0, D, sm.q);
+  copy_tile_async<kQueryRows, D, kThreads>(p.g_codes + q_offset, q_pitch, d.len - q0, D, sm.g);
+  copy_key_tile_async(p, d, kt_doc_row, kvh, 0, sm.stage[0]);
+  cp_async_commit();
+  store_key_scales(load_key_scales(p, d, kvh, 0), sm);
 
   float dq_acc[D / 2];
   zero(dq_acc);
   const int last_key = p.causal ? min(q0 + kQueryRows, d.len) - 1 : d.len - 1;
-  const int64_t kv_pitch = int64_t(p.kv_heads) * D;
-  for (int k0 = 0; k0 <= last_key; k0 += kKeyTile) {
-    __syncthreads();  // the previous tile's readers are done (its wgmmas were waited for)
-    const int64_t kv_offset = (int64_t(d.begin + k0) * p.kv_heads + kvh) * D;
-    stage_code_tile<D, kKeyTile, kThreads>(p.k_codes + kv_offset, kv_pitch, d.len - k0, sm.k, sm.kt);
-    stage_code_tile<D, kKeyTile, kThreads>(p.v_codes + kv_offset, kv_pitch, d.len - k0, sm.v, nullptr);
-    for (int j = threadIdx.x; j < kKeyTile; j += blockDim.x) {
-      const int64_t s = int64_t(d.begin + min(k0 + j, d.len - 1)) * p.kv_heads + kvh;
-      sm.k_pow[j] = pow2_of_scale(p.k_scales[s]);
-      sm.v_pow[j] = pow2_of_scale(p.v_scales[s]);
+  for (int k0 = 0, i = 0; k0 <= last_key; k0 += kKeyTile, ++i) {
+    const DqKeyStage<D>& st = sm.stage[i % 2];
+    cp_async_wait_all();
+    fence_smem_for_async_proxy();  // the copies are generic-proxy writes; wgmma reads via the async proxy
+    __syncthreads();  // tile i and its scales are in shared memory; the other stage is free
+    const bool has_next = k0 + kKeyTile <= last_key;
+    KeyScaleCodes next_scales{};
+    if (has_next) {
+      copy_key_tile_async(p, d, kt_doc_row, kvh, k0 + kKeyTile, sm.stage[(i + 1) % 2]);
+      cp_async_commit();
+      next_scales = load_key_scales(p, d, kvh, k0 + kKeyTile);
     }
-    fence_smem_for_async_proxy();
-    __syncthreads();
 
     // S = Q . K^T and E = dO . V^T: 64 queries x 128 keys each, D/32 k-steps.
     float s[kKeyTile / 2], e[kKeyTile / 2];
@@ -93,30 +188,24 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardPar
 #pragma unroll
     for (int ks = 0; ks < D / 32; ++ks)
       wgmma_m64n128k32_ss(s, smem_descriptor(sm.q + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>),
-                          smem_descriptor(sm.k + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>), ks > 0);
+                          smem_descriptor(st.k + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>), ks > 0);
 #pragma unroll
     for (int ks = 0; ks < D / 32; ++ks)
       wgmma_m64n128k32_ss(e, smem_descriptor(sm.g + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>),
-                          smem_descriptor(sm.v + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>), ks > 0);
+                          smem_descriptor(st.v + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>), ks > 0);
     wgmma_commit();
     wgmma_wait_all();
     fence_accumulators(s);
     fence_accumulators(e);
 
-    // In place: s becomes U 2^ek (dQ's operand before sigma).
+    // In place: s becomes U 2^ek (dQ's operand before sigma). Interior: every key visible to every
+    // row (inside the document and, causal, at or before the CTA's first row).
     float amax[2] = {0.f, 0.f};
-#pragma unroll
-    for (int x = 0; x < kKeyTile / 2; ++x) {
-      const int r = (x >> 1) & 1, j = (x >> 2) * 8 + 2 * t + (x & 1), key = k0 + j;
-      const bool visible = rows[r] < d.len && key < d.len && (!p.causal || key <= rows[r]);
-      float w = 0.f;
-      if (visible) {
-        const float pij = exp2f(s[x] * q_factor[r] * sm.k_pow[j] - lse2[r]);
-        const float eij = e[x] * g_pow[r] * sm.v_pow[j];
-        w = pij * (eij - delta[r]) * sm.k_pow[j];
-      }
-      s[x] = w;
-      amax[r] = nan_max(amax[r], fabsf(w));
+    const bool interior = k0 + kKeyTile <= d.len && (!p.causal || k0 + kKeyTile - 1 <= q0);
+    if (interior) {
+      interior_u(s, e, sm, rw, t, amax);
+    } else {
+      masked_u(s, e, sm, rw, rows, d, k0, p.causal, t, amax);
     }
     float sigma_pow[2], sigma_inv[2];
     for (int r = 0; r < 2; ++r) {
@@ -141,11 +230,15 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardPar
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kKeyTile / 32; ++kk)
-      wgmma_m64nNk32_rs<D>(dq_tile, ua[kk], smem_descriptor(sm.kt + kk * 2 * kCoreMatrixBytes, kTransposedFormStride<kKeyTile>));
+      wgmma_m64nNk32_rs<D>(dq_tile, ua[kk], smem_descriptor(st.kt + kk * 2 * kCoreMatrixBytes, kTransposedFormStride<kKeyTile>));
     wgmma_commit();
     wgmma_wait_all();
     fence_accumulators(dq_tile);
     add_scaled_rows(dq_acc, dq_tile, sigma_pow);
+    if (has_next) {
+      __syncthreads();  // every thread is done with this tile's scales
+      store_key_scales(next_scales, sm);
+    }
   }
 
   auto* dq = static_cast<__nv_bfloat16*>(p.dq);

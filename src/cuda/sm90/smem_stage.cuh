@@ -35,18 +35,22 @@ __device__ __forceinline__ void copy_tile_async(const uint8_t* first_row, int64_
   static_assert(kRowBytes % 16 == 0 && kThreads % (8 * kChunks) == 0 && kRows % (kThreads / kChunks) == 0,
                 "each round of the CTA's threads copies whole 8-row groups");
   constexpr int kRowsPerRound = kThreads / kChunks;
-  // This thread's first chunk; every round moves it kRowsPerRound rows down. Only one source pointer
-  // and one shared address stay live (the rounds' offsets are compile-time or one multiply).
+  // This thread's first chunk; every round moves it kRowsPerRound rows down. The address arithmetic
+  // is loop-invariant in a caller's loop, and the compiler would hoist it out and hold it in
+  // registers across the whole loop (two per round and tile, spilled at D = 128): the empty asm
+  // makes the pitch opaque, so it is recomputed here, where it costs a few integer instructions.
+  asm volatile("" : "+l"(row_pitch));
   const int row0 = int(threadIdx.x) / (8 * kChunks) * 8 + int(threadIdx.x) % 8, chunk = int(threadIdx.x) / 8 % kChunks;
   const uint8_t* src = first_row + row0 * row_pitch + chunk * 16;
+  const int64_t src_step = kRowsPerRound * row_pitch;
   const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(tile)) + core_matrix_offset(row0, chunk * 16, 8 * kRowBytes);
   const bool chunk_valid = chunk * 16 < valid_bytes;
 #pragma unroll
-  for (int k = 0; k < kRows / kRowsPerRound; ++k) {
+  for (int k = 0; k < kRows / kRowsPerRound; ++k, src += src_step) {
     const bool valid = chunk_valid && row0 + k * kRowsPerRound < valid_rows;
     const uint32_t dst_k = dst + k * (kRowsPerRound / 8) * (8 * kRowBytes);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_k),
-                 "l"(valid ? src + k * kRowsPerRound * row_pitch : first_row), "r"(valid ? 16 : 0)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_k), "l"(valid ? src : first_row),
+                 "r"(valid ? 16 : 0)
                  : "memory");
   }
 }
