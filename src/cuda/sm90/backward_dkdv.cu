@@ -103,27 +103,37 @@ __device__ __forceinline__ void copy_query_tile_async(const BackwardParams& p, c
 }
 
 // A masked tile (pairs some key must not enter), element by element as the emulation states it:
-// s becomes dV's operand p 2^(boost + eg - gamma), e becomes U 2^eq (dK's, before tau), both 0 on
-// invisible pairs; amax the key row's max of |U 2^eq|.
-__device__ __forceinline__ void masked_pu(float (&s)[kQueryTile / 2], float (&e)[kQueryTile / 2],
+// P~ = E4M3(p 2^(boost + eg - gamma)) packed into pa (dV's A operand) step by step, so that S^T's
+// registers free up early (dK, dV and S^T, E^T would not fit in registers together at D = 128);
+// e becomes U 2^eq (dK's, before tau); both 0 on invisible pairs; amax the key row's max of |U 2^eq|.
+__device__ __forceinline__ void masked_pu(const float (&s)[kQueryTile / 2], float (&e)[kQueryTile / 2],
                                           const QueryTileConsts& qc, const float (&k_factor)[2],
                                           const float (&v_pow)[2], const int (&keys)[2], const DocumentSpan& d, int q0,
-                                          bool causal, int t, float (&amax)[2]) {
+                                          bool causal, int t, float (&amax)[2], uint32_t (&pa)[kQueryTile / 32][4]) {
 #pragma unroll
-  for (int x = 0; x < kQueryTile / 2; ++x) {
-    const int r = (x >> 1) & 1, i = (x >> 2) * 8 + 2 * t + (x & 1), query = q0 + i;
-    const bool visible = keys[r] < d.len && query < d.len && (!causal || keys[r] <= query);
-    float pv = 0.f, w = 0.f;
-    if (visible) {
-      const float4 c = qc.c[i];  // q_pow, g_pow, p_fold, -lse2
-      const float pij = exp2f(s[x] * k_factor[r] * c.x + c.w);
-      const float eij = e[x] * v_pow[r] * c.y;
-      pv = pij * c.z;
-      w = pij * (eij - qc.delta[i]) * c.x;
+  for (int kk = 0; kk < kQueryTile / 32; ++kk) {
+    float pf[4][4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+#pragma unroll
+      for (int el = 0; el < 4; ++el) {
+        const int x = (kk * 4 + b) * 4 + el;
+        const int r = el >> 1, i = (kk * 4 + b) * 8 + 2 * t + (el & 1), query = q0 + i;
+        const bool visible = keys[r] < d.len && query < d.len && (!causal || keys[r] <= query);
+        float pv = 0.f, w = 0.f;
+        if (visible) {
+          const float4 c = qc.c[i];  // q_pow, g_pow, p_fold, -lse2
+          const float pij = exp2f(s[x] * k_factor[r] * c.x + c.w);
+          const float eij = e[x] * v_pow[r] * c.y;
+          pv = pij * c.z;
+          w = pij * (eij - qc.delta[i]) * c.x;
+        }
+        pf[b][el] = pv;
+        e[x] = w;
+        amax[r] = nan_max(amax[r], fabsf(w));
+      }
     }
-    s[x] = pv;
-    e[x] = w;
-    amax[r] = nan_max(amax[r], fabsf(w));
+    pack_a_step(pf, pa[kk]);
   }
 }
 
@@ -132,25 +142,35 @@ __device__ __forceinline__ void masked_pu(float (&s)[kQueryTile / 2], float (&e)
 // unit with subnormal results flushed (p < 2^-126 moves dK and dV by less than 2^-126 times
 // |E - D| 2^eq or 2^(boost + eg - gamma): nothing next to the rows' probability mass), fmaxf for
 // the max (a NaN U element still makes its E4M3 code, and so the key's dK, NaN).
-__device__ __forceinline__ void interior_pu(float (&s)[kQueryTile / 2], float (&e)[kQueryTile / 2],
+__device__ __forceinline__ void interior_pu(const float (&s)[kQueryTile / 2], float (&e)[kQueryTile / 2],
                                             const QueryTileConsts& qc, const float (&k_factor)[2],
-                                            const float (&v_pow)[2], int t, float (&amax)[2]) {
+                                            const float (&v_pow)[2], int t, float (&amax)[2],
+                                            uint32_t (&pa)[kQueryTile / 32][4]) {
+  // Two partial maxima per row (exact in any order): shorter dependency chains.
+  float part_max[2][2] = {{amax[0], amax[0]}, {amax[1], amax[1]}};
 #pragma unroll
-  for (int nb = 0; nb < kQueryTile / 8; ++nb) {
-    const float4 c2[2] = {qc.c[nb * 8 + 2 * t], qc.c[nb * 8 + 2 * t + 1]};
-    const float2 dl = *reinterpret_cast<const float2*>(qc.delta + nb * 8 + 2 * t);
+  for (int kk = 0; kk < kQueryTile / 32; ++kk) {
+    float pf[4][4];
 #pragma unroll
-    for (int el = 0; el < 4; ++el) {
-      const int r = el >> 1, x = nb * 4 + el;
-      const float4 c = c2[el & 1];
-      float pij;
-      asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(pij) : "f"(fmaf(s[x] * c.x, k_factor[r], c.w)));
-      const float w = pij * (e[x] * v_pow[r] * c.y - ((el & 1) ? dl.y : dl.x)) * c.x;
-      s[x] = pij * c.z;
-      e[x] = w;
-      amax[r] = fmaxf(amax[r], fabsf(w));
+    for (int b = 0; b < 4; ++b) {
+      const int nb = kk * 4 + b;
+      const float4 c2[2] = {qc.c[nb * 8 + 2 * t], qc.c[nb * 8 + 2 * t + 1]};
+      const float2 dl = *reinterpret_cast<const float2*>(qc.delta + nb * 8 + 2 * t);
+#pragma unroll
+      for (int el = 0; el < 4; ++el) {
+        const int r = el >> 1, x = nb * 4 + el;
+        const float4 c = c2[el & 1];
+        float pij;
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(pij) : "f"(fmaf(s[x] * c.x, k_factor[r], c.w)));
+        const float w = pij * (e[x] * v_pow[r] * c.y - ((el & 1) ? dl.y : dl.x)) * c.x;
+        pf[b][el] = pij * c.z;
+        e[x] = w;
+        part_max[r][b & 1] = fmaxf(part_max[r][b & 1], fabsf(w));
+      }
     }
+    pack_a_step(pf, pa[kk]);
   }
+  for (int r = 0; r < 2; ++r) amax[r] = fmaxf(part_max[r][0], part_max[r][1]);
 }
 
 template <int D>
@@ -227,14 +247,16 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardP
     fence_accumulators(s);
     fence_accumulators(e);
 
-    // In place: s becomes dV's operand, e dK's before tau. Interior: every (key, query) pair
-    // visible (queries inside the document and, causal, the CTA's last key before the first query).
+    // P~ into pa (dV's operand), e in place becomes dK's before tau. Interior: every (key, query)
+    // pair visible (queries inside the document and, causal, the CTA's last key before the first
+    // query).
     float amax[2] = {0.f, 0.f};
+    uint32_t pa[kQueryTile / 32][4], ua[kQueryTile / 32][4];
     const bool interior = q0 + kQueryTile <= d.len && (!p.causal || k0 + kKeyRows - 1 <= q0);
     if (interior) {
-      interior_pu(s, e, st.consts, k_factor, v_pow, t, amax);
+      interior_pu(s, e, st.consts, k_factor, v_pow, t, amax, pa);
     } else {
-      masked_pu(s, e, st.consts, k_factor, v_pow, keys, d, q0, p.causal, t, amax);
+      masked_pu(s, e, st.consts, k_factor, v_pow, keys, d, q0, p.causal, t, amax, pa);
     }
     float tau_pow[2], tau_inv[2];
     for (int r = 0; r < 2; ++r) {
@@ -242,19 +264,13 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardP
       tau_pow[r] = pow2i(tau);
       tau_inv[r] = tau == kNaNExponent ? pow2i(kNaNExponent) : pow2i(-tau);
     }
-    uint32_t pa[kQueryTile / 32][4], ua[kQueryTile / 32][4];
 #pragma unroll
     for (int kk = 0; kk < kQueryTile / 32; ++kk) {
-      float pf[4][4], uf[4][4];
+      float uf[4][4];
 #pragma unroll
       for (int b = 0; b < 4; ++b)
 #pragma unroll
-        for (int el = 0; el < 4; ++el) {
-          const int x = (kk * 4 + b) * 4 + el;
-          pf[b][el] = s[x];
-          uf[b][el] = e[x] * tau_inv[el >> 1];
-        }
-      pack_a_step(pf, pa[kk]);
+        for (int el = 0; el < 4; ++el) uf[b][el] = e[(kk * 4 + b) * 4 + el] * tau_inv[el >> 1];
       pack_a_step(uf, ua[kk]);
     }
 

@@ -115,6 +115,8 @@ template <int D>
 __device__ __forceinline__ void interior_u(float (&s)[kKeyTile / 2], const float (&e)[kKeyTile / 2],
                                            const DqShared<D>& sm, const DqRows& rw, int t, float (&amax)[2]) {
   const float neg_lse2[2] = {-rw.lse2[0], -rw.lse2[1]};
+  // Two partial maxima per row (exact in any order): shorter dependency chains.
+  float part_max[2][2] = {{amax[0], amax[0]}, {amax[1], amax[1]}};
 #pragma unroll
   for (int nb = 0; nb < kKeyTile / 8; ++nb) {
     const float2 kp = *reinterpret_cast<const float2*>(sm.k_pow + nb * 8 + 2 * t);
@@ -127,9 +129,10 @@ __device__ __forceinline__ void interior_u(float (&s)[kKeyTile / 2], const float
       asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(pij) : "f"(fmaf(s[x] * k_pow, rw.q_factor[r], neg_lse2[r])));
       const float w = pij * (e[x] * v_pow * rw.g_pow[r] - rw.delta[r]) * k_pow;
       s[x] = w;
-      amax[r] = fmaxf(amax[r], fabsf(w));
+      part_max[r][nb & 1] = fmaxf(part_max[r][nb & 1], fabsf(w));
     }
   }
+  for (int r = 0; r < 2; ++r) amax[r] = fmaxf(part_max[r][0], part_max[r][1]);
 }
 
 template <int D>

@@ -179,7 +179,11 @@ __device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const Ke
                                               const float (&q_factor)[2], const float (&row_pow)[2], int t,
                                               float (&m)[2], float (&l)[2], float (&o_acc)[D / 2],
                                               uint32_t (&pa)[kKeyTile / 32][4]) {
-  float tile_max[2] = {-INFINITY, -INFINITY};
+  // Four partial maxima per row (the max is exact in any order), so that no chain of dependent
+  // instructions runs through all 32 of a row's elements.
+  float part_max[2][4];
+  for (int r = 0; r < 2; ++r)
+    for (int k = 0; k < 4; ++k) part_max[r][k] = -INFINITY;
 #pragma unroll
   for (int nb = 0; nb < kKeyBlocks; ++nb) {
     const float2 kc = *reinterpret_cast<const float2*>(st.k_col + nb * 8 + 2 * t);
@@ -187,12 +191,14 @@ __device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const Ke
     for (int e = 0; e < 4; ++e) {
       float& x = s[nb * 4 + e];
       x *= (e & 1) ? kc.y : kc.x;
-      tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
+      float& pm = part_max[e >> 1][(nb & 1) * 2 + (e & 1)];
+      pm = fmaxf(pm, x);
     }
   }
-  float neg_m[2];
+  float tile_max[2], neg_m[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
+    tile_max[r] = fmaxf(fmaxf(part_max[r][0], part_max[r][1]), fmaxf(part_max[r][2], part_max[r][3]));
     tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
     tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2)) * q_factor[r];
   }
@@ -200,6 +206,9 @@ __device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const Ke
   // -m, except where every score so far overflowed to -inf (p = 0 then, not NaN).
   for (int r = 0; r < 2; ++r) neg_m[r] = m[r] == -INFINITY ? 0.f : -m[r];
 
+  // l sums the tile's p in one partial sum per row and 32-key step (short dependency chains; the
+  // order of an FP32 sum of positive terms moves it by a few ulp at most).
+  float part_sum[2][kKeyTile / 32] = {};
 #pragma unroll
   for (int kk = 0; kk < kKeyTile / 32; ++kk) {
     float pf[4][4];
@@ -211,12 +220,14 @@ __device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const Ke
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
         const float pe = exp2_ftz(fmaf(s[nb * 4 + e], q_factor[r], neg_m[r]));
-        l[r] += pe;
+        part_sum[r][kk] += pe;
         pf[b][e] = pe * (((e & 1) ? vp.y : vp.x) * row_pow[r]);
       }
     }
     pack_a_step(pf, pa[kk]);
   }
+  static_assert(kKeyTile / 32 == 4, "four partial sums per row");
+  for (int r = 0; r < 2; ++r) l[r] += (part_sum[r][0] + part_sum[r][1]) + (part_sum[r][2] + part_sum[r][3]);
 }
 
 template <int D>
