@@ -41,7 +41,7 @@ CallError quantize_operand(const flamia_tensor& t, const flamia_documents& docs,
   // The validators bound T * H * D by 2^31 - 1, so every extent fits an int.
   const cudaError_t err = cuda::launch_quantize_mxfp8(
       static_cast<const __nv_bfloat16*>(t.data), t.stride_token, t.stride_head, int(t.tokens), int(t.heads),
-      int(t.dim), docs.cu_seqlens, docs.num_docs, docs.max_seqlen, numerics.effective_geometry(),
+      int(t.dim), docs.cu_seqlens, docs.num_docs, numerics.effective_geometry(),
       numerics.scale_rule, codes, transposed_codes, scales, stream);
   if (err != cudaSuccess) return cuda_error(std::string("quantizing ") + name + " (launch_quantize_mxfp8)", err);
   return CallError::success();

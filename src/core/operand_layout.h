@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "core/document_slots.h"
 #include "formats/host_device.h"
 
 namespace flamia::layout {
@@ -36,14 +37,15 @@ FLAMIA_HD constexpr int kappa_of_key(int key) {
 FLAMIA_HD constexpr int permuted_position(int c) { return (c & ~(kKeyStep - 1)) + kappa_of_key(c & (kKeyStep - 1)); }
 
 // Token slots per (head, feature) row of the transposed layout: every document padded to whole
-// steps plus one step of slack per document (two documents may start inside the same step).
+// steps plus one step of slack per document (two documents may start inside the same step); the
+// slot numbering of core/document_slots.h with a unit of one step.
 FLAMIA_HD constexpr int64_t transposed_tokens(int64_t total_tokens, int64_t num_docs) {
-  return kKeyStep * ((total_tokens + kKeyStep - 1) / kKeyStep + num_docs);
+  return kKeyStep * slots::slot_count(total_tokens, num_docs, kKeyStep);
 }
 // The first slot of document `doc`, whose tokens begin at packed index doc_begin. Documents do not
 // overlap: the next one starts at least kKeyStep * ceil(length / kKeyStep) slots later.
 FLAMIA_HD constexpr int64_t transposed_document_start(int64_t doc_begin, int64_t doc) {
-  return kKeyStep * ((doc_begin + kKeyStep - 1) / kKeyStep + doc);
+  return kKeyStep * slots::first_slot(doc_begin, doc, kKeyStep);
 }
 
 static_assert(permuted_key(kappa_of_key(13)) == 13 && permuted_key(kappa_of_key(22)) == 22, "inverse permutation");

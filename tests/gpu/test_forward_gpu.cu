@@ -22,7 +22,8 @@ constexpr double kMinCosineVsEmulation = 0.99999;
 constexpr double kMaxRelL2VsEmulation = 5e-3;
 constexpr double kMaxLseDiffVsEmulation = 2e-3;
 
-const std::vector<int> kAwkwardLengths = {1, 31, 32, 33, 127, 129, 1000, 4097};
+// Unaligned starts everywhere, and empty documents (idle tile slots) in the middle and at the end.
+const std::vector<int> kAwkwardLengths = {1, 31, 32, 0, 33, 127, 129, 1000, 4097, 0};
 
 struct Case {
   int q_heads, kv_heads, dim;

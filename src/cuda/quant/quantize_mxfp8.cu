@@ -22,9 +22,11 @@
 
 #include <cmath>
 
+#include "core/document_slots.h"
 #include "core/documents.h"
 #include "core/operand_layout.h"
 #include "core/tiling.h"
+#include "cuda/document_span.cuh"
 #include "formats/minifloat.h"
 #include "formats/scales.h"
 
@@ -44,17 +46,6 @@ static_assert(kTileTokens == layout::kKeyStep, "a CTA step writes whole steps of
 constexpr int kTilePitch = kMaxDim + 8;
 static_assert(kTileTokens * (kMaxDim / kChunk) % kThreads == 0, "items divide evenly over the CTA");
 
-struct DocSpan {
-  int begin, length;
-};
-
-// The document's token range, clamped into [0, total_tokens] so malformed offsets stay in bounds.
-__device__ __forceinline__ DocSpan document_span(const int32_t* __restrict__ cu_seqlens, int doc, int total_tokens) {
-  int b = __ldg(cu_seqlens + doc), e = __ldg(cu_seqlens + doc + 1);
-  b = min(max(b, 0), total_tokens);
-  e = min(max(e, b), total_tokens);
-  return {b, e - b};
-}
 
 // Max of |x| over 8 BF16 values, as a sign-cleared bit pattern (see fact 1 above).
 __device__ __forceinline__ uint32_t max_abs_bits(const uint4& v) {
@@ -76,8 +67,8 @@ __device__ __forceinline__ uint4 load_chunk(const __nv_bfloat16* src) {
   }
 }
 
-// Grid (position tiles, documents, heads); each CTA step owns positions [p0, p0 + 32) of one
-// document and one head: one block32 group, or 32 token groups. Its kThreads threads split the
+// Grid (document tile slots of 32 positions, heads; core/document_slots.h); each CTA step owns
+// positions [p0, p0 + 32) of one document and one head: one block32 group, or 32 token groups. Its kThreads threads split the
 // tile's rows x (dim / 8) chunks; each thread keeps its (up to 4) 16-byte chunks in registers
 // between the amax pass and the encode pass, so x is read once. With transposed codes the step's
 // codes also go through shared memory: each (feature, 16-slot half) of the step is one 16-byte store.
@@ -91,19 +82,22 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ uint8_t row_scale[kTileTokens];
   __shared__ __align__(16) uint8_t tile_codes[kTileTokens * kTilePitch];
   const int64_t transposed_pitch = layout::transposed_tokens(total_tokens, num_docs);
-  const int h = int(blockIdx.z);
+  const int h = int(blockIdx.y);
   const int chunks = dim / kChunk;
   const int items = kTileTokens * chunks;
   const bool per_token = geometry == ScaleGeometry::kToken;
 
-  // Both loops are uniform over the CTA, so the barriers inside are safe.
-  // Loop counters are 64-bit so that stepping past the end cannot overflow.
-  for (int64_t doc = blockIdx.y; doc < num_docs; doc += gridDim.y) {
-    const DocSpan d = document_span(cu_seqlens, int(doc), total_tokens);
-    for (int64_t step = int64_t(blockIdx.x) * kTileTokens; step < d.length; step += int64_t(gridDim.x) * kTileTokens) {
-      const int p0 = int(step);
+  // The loop and the idle-slot skip are uniform over the CTA, so the barriers inside are safe.
+  const int64_t slot_count = slots::slot_count(total_tokens, num_docs, kTileTokens);
+  for (int64_t slot = blockIdx.x; slot < slot_count; slot += gridDim.x) {
+    DocumentTile work;
+    if (!document_tile(cu_seqlens, num_docs, total_tokens, kTileTokens, slot, work)) continue;
+    const DocumentSpan d = work.span;
+    const int64_t doc = work.doc;
+    {
+      const int p0 = work.tile * kTileTokens;
       // A block32 group is [p0, scale_group_end(p0)); a token tile is the same 32 positions.
-      const int rows = scale_group_end(p0, ScaleGeometry::kBlock32, d.length) - p0;
+      const int rows = scale_group_end(p0, ScaleGeometry::kBlock32, d.len) - p0;
       const int t0 = d.begin + p0;
       if (threadIdx.x < kTileTokens) row_amax[threadIdx.x] = 0u;
       __syncthreads();
@@ -203,12 +197,12 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ uint32_t warp_total[kThreads / 32];
   const int h = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int doc = blockIdx.x; doc < num_docs; doc += gridDim.x) {
-    const DocSpan d = document_span(cu_seqlens, doc, total_tokens);
+    const DocumentSpan d = document_span(cu_seqlens, doc, total_tokens);
     uint32_t carry = 0;
-    for (int p0 = 0; p0 < d.length; p0 += kThreads) {
+    for (int p0 = 0; p0 < d.len; p0 += kThreads) {
       const int p = p0 + int(threadIdx.x);
       const int64_t at = int64_t(d.begin + p) * heads + h;
-      uint32_t v = p < d.length ? uint32_t(__ldg(scales + at)) : 0u;
+      uint32_t v = p < d.len ? uint32_t(__ldg(scales + at)) : 0u;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {  // inclusive scan within the warp
         const uint32_t up = __shfl_up_sync(0xffffffffu, v, o);
@@ -228,7 +222,7 @@ __global__ void __launch_bounds__(kThreads)
       }
       __syncthreads();
       v = max(max(v, warp_total[warp]), carry);
-      if (p < d.length) prefix_max[at] = uint8_t(v);
+      if (p < d.len) prefix_max[at] = uint8_t(v);
       __syncthreads();  // every thread has read warp_total; the last one now passes the chunk's max on
       if (threadIdx.x == kThreads - 1) warp_total[0] = v;
       __syncthreads();
@@ -241,8 +235,7 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, int64_t head_stride, int total_tokens,
-                                  int heads, int dim, const int32_t* cu_seqlens, int num_docs, int max_seqlen,
-                                  ScaleGeometry geometry, ScaleRule rule, uint8_t* codes, uint8_t* transposed_codes,
+                                  int heads, int dim, const int32_t* cu_seqlens, int num_docs, ScaleGeometry geometry, ScaleRule rule, uint8_t* codes, uint8_t* transposed_codes,
                                   uint8_t* scales, cudaStream_t stream) {
   if (dim < kChunk || dim > kMaxDim || dim % kChunk != 0 || heads < 1 || heads > kMaxGridY || total_tokens < 0 ||
       num_docs < 0)
@@ -254,8 +247,9 @@ cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, 
 
   const bool vec_load = reinterpret_cast<uintptr_t>(x) % 16 == 0 && token_stride % kChunk == 0 && head_stride % kChunk == 0;
   const bool vec_store = reinterpret_cast<uintptr_t>(codes) % 8 == 0;
-  const int tiles = max_seqlen > 0 ? (max_seqlen - 1) / kTileTokens + 1 : 1;
-  const dim3 grid(unsigned(tiles), unsigned(num_docs < kMaxGridY ? num_docs : kMaxGridY), unsigned(heads));
+  constexpr int64_t kMaxGridX = (int64_t(1) << 31) - 1;  // CTAs loop over the slots beyond it
+  const int64_t slot_count = slots::slot_count(total_tokens, num_docs, kTileTokens);
+  const dim3 grid(unsigned(slot_count < kMaxGridX ? slot_count : kMaxGridX), unsigned(heads));
   if (vec_load) {
     quantize_mxfp8_kernel<true><<<grid, kThreads, 0, stream>>>(x, token_stride, head_stride, total_tokens, heads, dim,
                                                                cu_seqlens, num_docs, geometry, rule, vec_store, codes,

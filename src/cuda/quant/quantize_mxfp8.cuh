@@ -79,8 +79,8 @@ __device__ __forceinline__ uint32_t encode_scaled_e4m3x2(uint32_t w, uint8_t sca
 // cu_seqlens (device, num_docs + 1 entries) delimits the documents; entries are clamped into
 // [0, total_tokens] (and each end to at least its begin), so malformed offsets cannot make the
 // kernel read or write out of bounds, though they give meaningless results. Tokens outside every
-// document are not written. max_seqlen only sizes the grid: the kernel loops, so a too-small
-// value costs speed, not correctness.
+// document are not written. The grid is one CTA per 32-token tile slot of core/document_slots.h
+// and head, so no document length is needed on the host.
 //
 // Requirements (else cudaErrorInvalidValue, nothing launched): dim a multiple of 8 in [8, 256],
 // 1 <= heads <= 65535, non-null x, cu_seqlens, scales and one codes pointer when there is work,
@@ -89,7 +89,7 @@ __device__ __forceinline__ uint32_t encode_scaled_e4m3x2(uint32_t w, uint8_t sca
 // are written 8 bytes at a time when the codes pointer is 8-byte aligned. Asynchronous on
 // `stream`; returns the launch status.
 cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, int64_t head_stride, int total_tokens,
-                                  int heads, int dim, const int32_t* cu_seqlens, int num_docs, int max_seqlen,
+                                  int heads, int dim, const int32_t* cu_seqlens, int num_docs,
                                   flamia::ScaleGeometry geometry, flamia::ScaleRule rule, uint8_t* codes,
                                   uint8_t* transposed_codes, uint8_t* scales, cudaStream_t stream);
 

@@ -21,7 +21,7 @@
 #include "core/tiling.h"
 #include "cuda/sm90/accumulator.cuh"
 #include "cuda/sm90/backward.h"
-#include "cuda/sm90/document_span.cuh"
+#include "cuda/document_span.cuh"
 #include "cuda/sm90/fp8_math.cuh"
 #include "cuda/sm90/smem_stage.cuh"
 #include "cuda/sm90/wgmma.cuh"
@@ -179,10 +179,12 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardP
   auto& sm = *reinterpret_cast<DkdvShared<D>*>(smem_bytes);
   constexpr float kLog2e = 1.4426950408889634f;
 
-  const int doc = blockIdx.y, kvh = blockIdx.z;
-  const DocumentSpan d = document_span(p.cu_seqlens, doc, p.total_tokens);
-  const int k0 = blockIdx.x * kKeyRows;  // the first blocks see the most queries (causal): launched first
-  if (k0 >= d.len) return;
+  const int kvh = blockIdx.y;
+  DocumentTile work;
+  if (!document_tile(p.cu_seqlens, p.num_docs, p.total_tokens, kKeyRows, blockIdx.x, work)) return;
+  const int doc = work.doc;
+  const DocumentSpan d = work.span;
+  const int k0 = work.tile * kKeyRows;  // the first blocks see the most queries (causal): launched first
   const int group = p.q_heads / p.kv_heads;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -322,7 +324,7 @@ int launch(const BackwardParams& p, cudaStream_t stream) {
                                                    int(kSmem));
       err != cudaSuccess)
     return int(err);
-  const dim3 grid((p.max_seqlen + kKeyRows - 1) / kKeyRows, p.num_docs, p.kv_heads);
+  const dim3 grid(unsigned(slots::slot_count(p.total_tokens, p.num_docs, kKeyRows)), p.kv_heads);
   backward_dkdv_kernel<D><<<grid, kThreads, kSmem, stream>>>(p);
   return int(cudaGetLastError());
 }

@@ -18,7 +18,7 @@
 #include "core/tiling.h"
 #include "cuda/sm90/accumulator.cuh"
 #include "cuda/sm90/backward.h"
-#include "cuda/sm90/document_span.cuh"
+#include "cuda/document_span.cuh"
 #include "cuda/sm90/fp8_math.cuh"
 #include "cuda/sm90/smem_stage.cuh"
 #include "cuda/sm90/wgmma.cuh"
@@ -141,10 +141,12 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardPar
   auto& sm = *reinterpret_cast<DqShared<D>*>(smem_bytes);
   constexpr float kLog2e = 1.4426950408889634f;
 
-  const int doc = blockIdx.y, h = blockIdx.z;
-  const DocumentSpan d = document_span(p.cu_seqlens, doc, p.total_tokens);
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kQueryRows;  // later (costlier, causal) tiles launch first
-  if (q0 >= d.len) return;
+  const int h = blockIdx.y;
+  DocumentTile work;
+  if (!document_tile(p.cu_seqlens, p.num_docs, p.total_tokens, kQueryRows, blockIdx.x, work)) return;
+  const int doc = work.doc;
+  const DocumentSpan d = work.span;
+  const int q0 = (work.tiles - 1 - work.tile) * kQueryRows;  // later (costlier, causal) tiles launch first
   const int kvh = h / (p.q_heads / p.kv_heads);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -259,7 +261,7 @@ int launch(const BackwardParams& p, cudaStream_t stream) {
                                                    int(kSmem));
       err != cudaSuccess)
     return int(err);
-  const dim3 grid((p.max_seqlen + kQueryRows - 1) / kQueryRows, p.num_docs, p.q_heads);
+  const dim3 grid(unsigned(slots::slot_count(p.total_tokens, p.num_docs, kQueryRows)), p.q_heads);
   backward_dq_kernel<D><<<grid, kThreads, kSmem, stream>>>(p);
   return int(cudaGetLastError());
 }

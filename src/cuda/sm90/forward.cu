@@ -1,5 +1,5 @@
 // MXFP8 attention forward on Hopper: FP8 wgmma (m64nNk32 e4m3), one warpgroup CTA per
-// (document, 64-query tile, query head). It implements the emulation's numerics exactly as
+// (document, 64-query tile, query head), numbered by document tile slots (core/document_slots.h). It implements the emulation's numerics exactly as
 // docs/NUMERICS.md states them. Loads are double-buffered cp.async copies: the next key tile's K
 // codes, V^T codes (written transposed and key-permuted by the quantizer) and scales are in flight
 // while the current tile is computed. TMA, warp specialization and ping-pong softmax come next.
@@ -18,7 +18,7 @@
 #include "core/operand_layout.h"
 #include "core/tiling.h"
 #include "cuda/sm90/accumulator.cuh"
-#include "cuda/sm90/document_span.cuh"
+#include "cuda/document_span.cuh"
 #include "cuda/sm90/forward.h"
 #include "cuda/sm90/fp8_math.cuh"
 #include "cuda/sm90/smem_stage.cuh"
@@ -237,12 +237,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) forward_kernel(const For
   SharedTiles<D>& sm = *reinterpret_cast<SharedTiles<D>*>(smem);
   constexpr int kQKStride = SharedTiles<D>::kQKStride, kVtStride = SharedTiles<D>::kVtStride;
 
-  const int doc = blockIdx.y, h = blockIdx.z;
-  const int q_tiles = gridDim.x;
-  const int tile = q_tiles - 1 - blockIdx.x;  // later (costlier, causal) tiles launch first
-  const auto [doc_begin, doc_end, len] = document_span(p.cu_seqlens, doc, p.total_tokens);
-  const int q0 = tile * kQueryRows;
-  if (q0 >= len) return;
+  const int h = blockIdx.y;
+  DocumentTile work;
+  if (!document_tile(p.cu_seqlens, p.num_docs, p.total_tokens, kQueryRows, blockIdx.x, work)) return;
+  const int doc = work.doc;
+  const auto [doc_begin, doc_end, len] = work.span;
+  const int q0 = (work.tiles - 1 - work.tile) * kQueryRows;  // later (costlier, causal) tiles launch first
   const int kvh = h / (p.q_heads / p.kv_heads);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -363,7 +363,7 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
   if (const cudaError_t e = cudaFuncSetAttribute(forward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
       e != cudaSuccess)
     return e;
-  const dim3 grid((p.max_seqlen + kQueryRows - 1) / kQueryRows, p.num_docs, p.q_heads);
+  const dim3 grid(unsigned(slots::slot_count(p.total_tokens, p.num_docs, kQueryRows)), p.q_heads);
   forward_kernel<D><<<grid, kThreads, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
