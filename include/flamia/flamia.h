@@ -45,7 +45,7 @@ typedef struct flamia_documents {
   const int32_t* cu_seqlens;
   const int32_t* cu_seqlens_host;
   int32_t num_docs;
-  int32_t max_seqlen; /* >= the longest document; sizes the launch */
+  int32_t max_seqlen; /* >= the longest document (validated; the kernels' grids no longer need it) */
 } flamia_documents;
 
 typedef struct flamia_options {

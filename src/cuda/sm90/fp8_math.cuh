@@ -1,12 +1,11 @@
 // Element-wise helpers shared by the Hopper attention kernels (forward and backward): exact powers
 // of two from UE8M0 scale codes, the NaN-propagating max, E4M3 packing (from cuda/fp8_convert.cuh,
-// shared with the quantizer), and the key permutation
-// that lets a wgmma accumulator become the register A operand of the next product without shuffles.
+// shared with the quantizer), and packing an accumulator's 32-column step into the register A
+// operand of the next product (the key permutation of core/operand_layout.h: no shuffles).
 #pragma once
 
 #include <cstdint>
 
-#include "core/operand_layout.h"
 #include "cuda/fp8_convert.cuh"
 #include "formats/scales.h"
 
@@ -41,12 +40,6 @@ __device__ __forceinline__ float quad_nan_max(float x) {
   x = nan_max(x, __shfl_xor_sync(0xffffffff, x, 1));
   return nan_max(x, __shfl_xor_sync(0xffffffff, x, 2));
 }
-
-// The key permutation that lets an accumulator become the register A operand of the next product
-// without shuffles (core/operand_layout.h).
-using layout::kappa_of_key;
-using layout::permuted_key;
-using layout::permuted_position;
 
 // Packs the 16 values of one 32-column step, x[b][e] = accumulator element 4 (4 kk + b) + e already
 // transformed, into the A registers: {row g, kappa 4t..}, {row g+8, kappa 4t..}, {row g, kappa
