@@ -236,14 +236,8 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardP
     // S^T = K . Q^T and E^T = V . dO^T: 64 keys x 64 queries each, D/32 k-steps.
     float s[kQueryTile / 2], e[kQueryTile / 2];
     wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 32; ++ks)
-      wgmma_m64n64k32_ss(s, smem_descriptor(sm.k + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>),
-                         smem_descriptor(st.q + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>), ks > 0);
-#pragma unroll
-    for (int ks = 0; ks < D / 32; ++ks)
-      wgmma_m64n64k32_ss(e, smem_descriptor(sm.v + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>),
-                         smem_descriptor(st.g + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>), ks > 0);
+    rows_product<D, kQueryTile>(s, sm.k, st.q);
+    rows_product<D, kQueryTile>(e, sm.v, st.g);
     wgmma_commit();
     wgmma_wait_all();
     fence_accumulators(s);
@@ -279,23 +273,18 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardP
     // dV += P~^T . dO codes;  dK += 2^tau (U~^T . Q codes) (B: the transposed, permuted forms).
     // At D = 128 the dK tile is two halves of the features one after the other: dK, dV and a whole
     // dK tile would hold 192 accumulator registers at once.
-    constexpr int kTStride = kTransposedFormStride<kQueryTile>;
     constexpr int kHalves = D == 128 ? 2 : 1, kHalfCols = D / kHalves;
     fence_accumulators(dv_acc);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kQueryTile / 32; ++kk)
-      wgmma_m64nNk32_rs<D>(dv_acc, pa[kk], smem_descriptor(st.gt + kk * 2 * kCoreMatrixBytes, kTStride));
+    register_product<D, kQueryTile>(dv_acc, pa, st.gt);
     wgmma_commit();
 #pragma unroll
     for (int half = 0; half < kHalves; ++half) {
       float dk_tile[kHalfCols / 2];
       zero(dk_tile);
       wgmma_fence();
-      const uint8_t* qt = st.qt + half * (kHalfCols / 8) * kTStride;  // feature rows of this half
-#pragma unroll
-      for (int kk = 0; kk < kQueryTile / 32; ++kk)
-        wgmma_m64nNk32_rs<kHalfCols>(dk_tile, ua[kk], smem_descriptor(qt + kk * 2 * kCoreMatrixBytes, kTStride));
+      const uint8_t* qt = st.qt + half * (kHalfCols / 8) * kTransposedFormStride<kQueryTile>;  // its feature rows
+      register_product<kHalfCols, kQueryTile>(dk_tile, ua, qt);
       wgmma_commit();
       wgmma_wait_all();
       fence_accumulators(dk_tile);

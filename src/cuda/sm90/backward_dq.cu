@@ -190,14 +190,8 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardPar
     // S = Q . K^T and E = dO . V^T: 64 queries x 128 keys each, D/32 k-steps.
     float s[kKeyTile / 2], e[kKeyTile / 2];
     wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 32; ++ks)
-      wgmma_m64n128k32_ss(s, smem_descriptor(sm.q + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>),
-                          smem_descriptor(st.k + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>), ks > 0);
-#pragma unroll
-    for (int ks = 0; ks < D / 32; ++ks)
-      wgmma_m64n128k32_ss(e, smem_descriptor(sm.g + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>),
-                          smem_descriptor(st.v + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>), ks > 0);
+    rows_product<D, kKeyTile>(s, sm.q, st.k);
+    rows_product<D, kKeyTile>(e, sm.g, st.v);
     wgmma_commit();
     wgmma_wait_all();
     fence_accumulators(s);
@@ -233,9 +227,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardPar
     float dq_tile[D / 2];
     zero(dq_tile);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kKeyTile / 32; ++kk)
-      wgmma_m64nNk32_rs<D>(dq_tile, ua[kk], smem_descriptor(st.kt + kk * 2 * kCoreMatrixBytes, kTransposedFormStride<kKeyTile>));
+    register_product<D, kKeyTile>(dq_tile, ua, st.kt);
     wgmma_commit();
     wgmma_wait_all();
     fence_accumulators(dq_tile);

@@ -51,8 +51,6 @@ struct KeyTileStage {
 };
 template <int D>
 struct SharedTiles {
-  static constexpr int kQKStride = kRowsFormStride<D>;             // Q and K: rows = tokens, K = features
-  static constexpr int kVtStride = kTransposedFormStride<kKeyTile>;  // V^T: rows = features, K = keys
   uint8_t q[kQueryRows * D];
   KeyTileStage<D> stage[2];
 };
@@ -235,7 +233,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) forward_kernel(const For
   static_assert(kWarps == 4, "one warpgroup: the 64 query rows are one m64 wgmma");
   extern __shared__ __align__(128) uint8_t smem[];
   SharedTiles<D>& sm = *reinterpret_cast<SharedTiles<D>*>(smem);
-  constexpr int kQKStride = SharedTiles<D>::kQKStride, kVtStride = SharedTiles<D>::kVtStride;
 
   const int h = blockIdx.y;
   DocumentTile work;
@@ -305,10 +302,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) forward_kernel(const For
     // S = Q . K^T: 64 rows x 128 keys, D/32 k-steps on the tensor cores.
     float s[kKeyTile / 2];
     wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 32; ++ks)
-      wgmma_m64n128k32_ss(s, smem_descriptor(sm.q + ks * 2 * kCoreMatrixBytes, kQKStride),
-                          smem_descriptor(st.k + ks * 2 * kCoreMatrixBytes, kQKStride), ks > 0);
+    rows_product<D, kKeyTile>(s, sm.q, st.k);
     wgmma_commit();
     wgmma_wait_all();
     fence_accumulators(s);
@@ -327,12 +321,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) forward_kernel(const For
     // O += P~ . V codes on the tensor cores, B = V^T from shared memory.
     fence_accumulators(o_acc);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kKeyTile / 32; ++kk) {
-      const uint64_t desc_v = smem_descriptor(st.vt + kk * 2 * kCoreMatrixBytes, kVtStride);
-      if constexpr (D == 128) wgmma_m64n128k32_rs(o_acc, pa[kk], desc_v);
-      else wgmma_m64n64k32_rs(o_acc, pa[kk], desc_v);
-    }
+    register_product<D, kKeyTile>(o_acc, pa, st.vt);
     wgmma_commit();
     wgmma_wait_all();
     fence_accumulators(o_acc);

@@ -50,10 +50,4 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Waits for this thread's copies; other threads' copies are visible after a barrier.
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
-// Row-group strides (SBO) of the two forms.
-template <int D>
-inline constexpr int kRowsFormStride = 8 * D;
-template <int kRows>
-inline constexpr int kTransposedFormStride = 8 * kRows;
-
 }  // namespace flamia::cuda::sm90

@@ -19,6 +19,13 @@ __device__ __forceinline__ constexpr int core_matrix_offset(int row, int k, int 
   return (row >> 3) * row_group_stride + (k >> 4) * kCoreMatrixBytes + (row & 7) * 16 + (k & 15);
 }
 
+// Row-group strides (SBO) of the two tile forms the kernels use: rows form (rows = tokens, K = the
+// D features of a head) and transposed form (rows = features, K = kTokens tokens).
+template <int D>
+inline constexpr int kRowsFormStride = 8 * D;
+template <int kTokens>
+inline constexpr int kTransposedFormStride = 8 * kTokens;
+
 __device__ __forceinline__ uint64_t smem_descriptor(const void* smem, int row_group_stride) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(kCoreMatrixBytes >> 4) << 16) |
@@ -114,6 +121,31 @@ __device__ __forceinline__ void wgmma_m64nNk32_rs(float (&d)[N / 2], const uint3
   static_assert(N == 64 || N == 128, "head dims 64 and 128");
   if constexpr (N == 128) wgmma_m64n128k32_rs(d, a, desc_b);
   else wgmma_m64n64k32_rs(d, a, desc_b);
+}
+
+// The two products of the attention kernels over whole shared-memory tiles (issued, not waited for):
+//  - rows_product:     acc = A . B^T, A (64 rows) and B (N rows) rows-form tiles of D-byte rows, over
+//                      D/32 k-steps (S = Q.K^T, E = dO.V^T and their transposes);
+//  - register_product: acc += A . B^T, A in registers (kTokens/32 k-steps packed from an
+//                      accumulator), B a transposed-form tile of kTokens tokens (P.V, U.K, P^T.dO,
+//                      U^T.Q).
+template <int D, int N>
+__device__ __forceinline__ void rows_product(float (&acc)[N / 2], const uint8_t* a, const uint8_t* b) {
+  static_assert(N == 64 || N == 128, "S tiles of 64 or 128 columns");
+#pragma unroll
+  for (int ks = 0; ks < D / 32; ++ks) {
+    const uint64_t desc_a = smem_descriptor(a + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>);
+    const uint64_t desc_b = smem_descriptor(b + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>);
+    if constexpr (N == 128) wgmma_m64n128k32_ss(acc, desc_a, desc_b, ks > 0);
+    else wgmma_m64n64k32_ss(acc, desc_a, desc_b, ks > 0);
+  }
+}
+template <int N, int kTokens>
+__device__ __forceinline__ void register_product(float (&acc)[N / 2], const uint32_t (&a)[kTokens / 32][4],
+                                                 const uint8_t* bt) {
+#pragma unroll
+  for (int kk = 0; kk < kTokens / 32; ++kk)
+    wgmma_m64nNk32_rs<N>(acc, a[kk], smem_descriptor(bt + kk * 2 * kCoreMatrixBytes, kTransposedFormStride<kTokens>));
 }
 
 }  // namespace flamia::cuda::sm90
