@@ -198,7 +198,8 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardPar
     fence_accumulators(e);
 
     // In place: s becomes U 2^ek (dQ's operand before sigma). Interior: every key visible to every
-    // row (inside the document and, causal, at or before the CTA's first row).
+    // row (inside the document and, causal, at or before the CTA's first row; rows past the
+    // document end compute values that are never stored, and rows do not mix in dQ = U.K).
     float amax[2] = {0.f, 0.f};
     const bool interior = k0 + kKeyTile <= d.len && (!p.causal || k0 + kKeyTile - 1 <= q0);
     if (interior) {

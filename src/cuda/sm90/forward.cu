@@ -1,6 +1,6 @@
 // MXFP8 attention forward on Hopper: FP8 wgmma (m64nNk32 e4m3), one warpgroup CTA per
-// (document, 64-query tile, query head), numbered by document tile slots (core/document_slots.h). It implements the emulation's numerics exactly as
-// docs/NUMERICS.md states them. Loads are double-buffered cp.async copies: the next key tile's K
+// (document, 64-query tile, query head), the tiles numbered by document tile slots
+// (core/document_slots.h). It implements the emulation's numerics as docs/NUMERICS.md states them. Loads are double-buffered cp.async copies: the next key tile's K
 // codes, V^T codes (written transposed and key-permuted by the quantizer) and scales are in flight
 // while the current tile is computed. TMA, warp specialization and ping-pong softmax come next.
 //
@@ -39,7 +39,6 @@ static_assert(tiling::kFwdKeyTile % kQueryRows == 0, "a CTA's rows must share th
 constexpr int kCtasPerSm = 3;
 constexpr int kThreads = kWarps * 32;
 
-// Row-group strides of the core-matrix tiles in shared memory (see wgmma.cuh).
 // One key tile's operands: the double buffer holds two.
 template <int D>
 struct KeyTileStage {
@@ -87,7 +86,8 @@ __device__ __forceinline__ void copy_key_tile_async(const ForwardParams& p, int 
   copy_tile_async<D, kKeyTile, kThreads>(p.v_codes_t + vt_doc_row + k0, p.vt_pitch, D, len - k0, st.vt);
 }
 
-// 2^x for the softmax: the tensor-core-rate MUFU instruction. Flushing results below 2^-126 to 0
+// 2^x for the softmax: the bare MUFU instruction (exp2f adds subnormal handling around it).
+// Flushing results below 2^-126 to 0
 // changes nothing that is kept: such a p, times a fold factor of at most 2^boost, is far below
 // E4M3's smallest subnormal (2^-9), and against l >= 1 (the row max contributes 1) it is lost in
 // the FP32 sum anyway.
