@@ -1,5 +1,5 @@
-// Backward pass 2: dK and dV. One warpgroup CTA per (document, 64-key block, KV head) owns those
-// keys' gradients; it walks the query heads of its KV group and, for each, the 64-query tiles
+// Backward pass 2: dK and dV. One CTA of two warpgroups per (document, 128-key block, KV head) owns
+// those keys' gradients (64 keys per warpgroup, sharing every query tile in shared memory); it walks the query heads of its KV group and, for each, the 64-query tiles
 // (counted from the document start, tiling::kBwdQueryTile) that see its keys. Per tile, with the
 // keys as rows (S^T and E^T come out of the tensor cores already transposed):
 //   S^T = K codes . Q codes^T,  p_ij = 2^(S_ij 2^(ek_j + eq_i) scale log2(e) - LSE_i log2(e))
@@ -30,8 +30,10 @@
 namespace flamia::cuda::sm90 {
 namespace {
 
-constexpr int kThreads = 128;                       // one warpgroup
-constexpr int kKeyRows = 64;                        // keys per CTA: the m64 of every product
+constexpr int kWarpgroups = 2;                      // both read each query tile: half the L2 traffic of one
+constexpr int kThreads = 128 * kWarpgroups;
+constexpr int kWarpgroupRows = 64;                  // keys per warpgroup: the m64 of every product
+constexpr int kKeyRows = kWarpgroupRows * kWarpgroups;  // keys per CTA
 constexpr int kQueryTile = tiling::kBwdQueryTile;   // queries per step: tau's group
 static_assert(kQueryTile == 64, "S^T is one m64n64 product per k-step");
 static_assert(tiling::kBwdKeyTile % kKeyRows == 0, "a CTA's keys lie inside one backward key tile");
@@ -58,7 +60,7 @@ struct DkdvShared {
   uint8_t v[kKeyRows * D];  // rows form (A of E^T)
   DkdvQueryStage<D> stage[2];
 };
-static_assert(2 * (sizeof(DkdvShared<128>) + 1024) <= 228 * 1024, "2 CTAs per SM must fit in shared memory");
+static_assert(sizeof(DkdvShared<128>) + 1024 <= 228 * 1024, "a CTA must fit in shared memory");
 
 // The (query head, query tile) steps of a CTA, in order: each head of the KV group, and for it the
 // 64-query tiles (counted from the document start) from q_begin to the document end.
@@ -236,19 +238,20 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardP
     // S^T = K . Q^T and E^T = V . dO^T: 64 keys x 64 queries each, D/32 k-steps.
     float s[kQueryTile / 2], e[kQueryTile / 2];
     wgmma_fence();
-    rows_product<D, kQueryTile>(s, sm.k, st.q);
-    rows_product<D, kQueryTile>(e, sm.v, st.g);
+    const int wg_row = threadIdx.x / 128 * kWarpgroupRows;  // this warpgroup's first key in the block
+    rows_product<D, kQueryTile>(s, sm.k + wg_row * D, st.q);
+    rows_product<D, kQueryTile>(e, sm.v + wg_row * D, st.g);
     wgmma_commit();
     wgmma_wait_all();
     fence_accumulators(s);
     fence_accumulators(e);
 
     // P~ into pa (dV's operand), e in place becomes dK's before tau. Interior: every (key, query)
-    // pair visible (queries inside the document and, causal, the CTA's last key before the first
-    // query).
+    // pair of the warpgroup visible (queries inside the document and, causal, its last key before
+    // the first query; the branch is uniform over the warpgroup).
     float amax[2] = {0.f, 0.f};
     uint32_t pa[kQueryTile / 32][4], ua[kQueryTile / 32][4];
-    const bool interior = q0 + kQueryTile <= d.len && (!p.causal || k0 + kKeyRows - 1 <= q0);
+    const bool interior = q0 + kQueryTile <= d.len && (!p.causal || k0 + wg_row + kWarpgroupRows - 1 <= q0);
     if (interior) {
       interior_pu(s, e, st.consts, k_factor, v_pow, t, amax, pa);
     } else {

@@ -1,5 +1,5 @@
-// Backward pass 3: dQ. One warpgroup CTA per (document, 64-query tile, query head) owns those rows'
-// dQ and walks the 128-key tiles (counted from the document start, tiling::kBwdKeyTile) that its
+// Backward pass 3: dQ. One CTA of two warpgroups per (document, 128-query tile, query head) owns
+// those rows' dQ (64 rows per warpgroup, sharing every key tile in shared memory) and walks the 128-key tiles (counted from the document start, tiling::kBwdKeyTile) that its
 // rows see. Per key tile:
 //   S = Q codes . K codes^T,  p_ij = 2^(S_ij 2^(eq_i + ek_j) scale log2(e) - LSE_i log2(e))
 //   E = dO codes . V codes^T, E_ij = E_ij 2^(eg_i + ev_j),  U_ij = p_ij (E_ij - D_i)
@@ -27,44 +27,47 @@
 namespace flamia::cuda::sm90 {
 namespace {
 
-constexpr int kThreads = 128;                  // one warpgroup
-constexpr int kQueryRows = 64;                 // rows per CTA: the m64 of every product
+constexpr int kWarpgroups = 2;                 // both read each key tile: half the L2 traffic of one
+constexpr int kThreads = 128 * kWarpgroups;
+constexpr int kWarpgroupRows = 64;             // the m64 of every product
+constexpr int kQueryRows = kWarpgroupRows * kWarpgroups;  // rows per CTA
 constexpr int kKeyTile = tiling::kBwdKeyTile;  // keys per step: sigma's group
 static_assert(kKeyTile == 128, "S is one m64n128 product per k-step");
 static_assert(kKeyTile % kQueryRows == 0, "a CTA's rows share their diagonal key tile");
-static_assert(kKeyTile == kThreads, "one thread loads each key's scales");
+static_assert(kThreads >= kKeyTile, "one thread loads each key's scales");
 
-// One key tile's codes: the double buffer holds two.
+// One key tile's codes and scales: the double buffer holds two.
 template <int D>
 struct DqKeyStage {
   uint8_t k[kKeyTile * D];   // rows form (B of S)
   uint8_t v[kKeyTile * D];   // rows form (B of E)
   uint8_t kt[D * kKeyTile];  // transposed form, keys permuted (B of dQ)
+  float k_pow[kKeyTile];     // 2^ek_j
+  float v_pow[kKeyTile];     // 2^ev_j
 };
 template <int D>
 struct DqShared {
   uint8_t q[kQueryRows * D];  // rows form (A of S)
   uint8_t g[kQueryRows * D];  // rows form (A of E)
   DqKeyStage<D> stage[2];
-  // The current tile's key scales. Single-buffered (two CTAs per SM leave no room for a second
-  // copy at D = 128): the next tile's are written after a barrier at the end of the step.
-  float k_pow[kKeyTile];  // 2^ek_j
-  float v_pow[kKeyTile];  // 2^ev_j
 };
-static_assert(2 * (sizeof(DqShared<128>) + 1024) <= 228 * 1024, "2 CTAs per SM must fit in shared memory");
+static_assert(sizeof(DqShared<128>) + 1024 <= 228 * 1024, "a CTA must fit in shared memory");
 
-// Key k0 + threadIdx.x's scale codes (clamped into the document: masked keys' values are unused).
+// Key k0 + threadIdx.x's scale codes (clamped into the document: masked keys' values are unused;
+// threads past the tile load nothing).
 struct KeyScaleCodes {
   uint8_t k, v;
 };
 __device__ __forceinline__ KeyScaleCodes load_key_scales(const BackwardParams& p, const DocumentSpan& d, int kvh, int k0) {
+  if (threadIdx.x >= kKeyTile) return {};
   const int64_t s = int64_t(d.begin + min(k0 + int(threadIdx.x), d.len - 1)) * p.kv_heads + kvh;
   return {p.k_scales[s], p.v_scales[s]};
 }
 template <int D>
-__device__ __forceinline__ void store_key_scales(const KeyScaleCodes& c, DqShared<D>& sm) {
-  sm.k_pow[threadIdx.x] = pow2_of_scale(c.k);
-  sm.v_pow[threadIdx.x] = pow2_of_scale(c.v);
+__device__ __forceinline__ void store_key_scales(const KeyScaleCodes& c, DqKeyStage<D>& st) {
+  if (threadIdx.x >= kKeyTile) return;
+  st.k_pow[threadIdx.x] = pow2_of_scale(c.k);
+  st.v_pow[threadIdx.x] = pow2_of_scale(c.v);
 }
 
 template <int D>
@@ -87,7 +90,7 @@ struct DqRows {
 // A masked tile (keys some row must not see), element by element as the emulation states it:
 // s becomes U_ij 2^ek_j on visible pairs, 0 elsewhere; amax its row max of |.|.
 template <int D>
-__device__ __forceinline__ void masked_u(float (&s)[kKeyTile / 2], const float (&e)[kKeyTile / 2], const DqShared<D>& sm,
+__device__ __forceinline__ void masked_u(float (&s)[kKeyTile / 2], const float (&e)[kKeyTile / 2], const DqKeyStage<D>& st,
                                          const DqRows& rw, const int (&rows)[2], const DocumentSpan& d, int k0,
                                          bool causal, int t, float (&amax)[2]) {
 #pragma unroll
@@ -96,9 +99,9 @@ __device__ __forceinline__ void masked_u(float (&s)[kKeyTile / 2], const float (
     const bool visible = rows[r] < d.len && key < d.len && (!causal || key <= rows[r]);
     float w = 0.f;
     if (visible) {
-      const float pij = exp2f(s[x] * rw.q_factor[r] * sm.k_pow[j] - rw.lse2[r]);
-      const float eij = e[x] * rw.g_pow[r] * sm.v_pow[j];
-      w = pij * (eij - rw.delta[r]) * sm.k_pow[j];
+      const float pij = exp2f(s[x] * rw.q_factor[r] * st.k_pow[j] - rw.lse2[r]);
+      const float eij = e[x] * rw.g_pow[r] * st.v_pow[j];
+      w = pij * (eij - rw.delta[r]) * st.k_pow[j];
     }
     s[x] = w;
     amax[r] = nan_max(amax[r], fabsf(w));
@@ -113,14 +116,14 @@ __device__ __forceinline__ void masked_u(float (&s)[kKeyTile / 2], const float (
 // its E4M3 code, and so the row's dQ, NaN).
 template <int D>
 __device__ __forceinline__ void interior_u(float (&s)[kKeyTile / 2], const float (&e)[kKeyTile / 2],
-                                           const DqShared<D>& sm, const DqRows& rw, int t, float (&amax)[2]) {
+                                           const DqKeyStage<D>& st, const DqRows& rw, int t, float (&amax)[2]) {
   const float neg_lse2[2] = {-rw.lse2[0], -rw.lse2[1]};
   // Two partial maxima per row (exact in any order): shorter dependency chains.
   float part_max[2][2] = {{amax[0], amax[0]}, {amax[1], amax[1]}};
 #pragma unroll
   for (int nb = 0; nb < kKeyTile / 8; ++nb) {
-    const float2 kp = *reinterpret_cast<const float2*>(sm.k_pow + nb * 8 + 2 * t);
-    const float2 vp = *reinterpret_cast<const float2*>(sm.v_pow + nb * 8 + 2 * t);
+    const float2 kp = *reinterpret_cast<const float2*>(st.k_pow + nb * 8 + 2 * t);
+    const float2 vp = *reinterpret_cast<const float2*>(st.v_pow + nb * 8 + 2 * t);
 #pragma unroll
     for (int el = 0; el < 4; ++el) {
       const int r = el >> 1, x = nb * 4 + el;
@@ -169,7 +172,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardPar
   copy_tile_async<kQueryRows, D, kThreads>(p.g_codes + q_offset, q_pitch, d.len - q0, D, sm.g);
   copy_key_tile_async(p, d, kt_doc_row, kvh, 0, sm.stage[0]);
   cp_async_commit();
-  store_key_scales(load_key_scales(p, d, kvh, 0), sm);
+  store_key_scales(load_key_scales(p, d, kvh, 0), sm.stage[0]);
 
   float dq_acc[D / 2];
   zero(dq_acc);
@@ -190,8 +193,9 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardPar
     // S = Q . K^T and E = dO . V^T: 64 queries x 128 keys each, D/32 k-steps.
     float s[kKeyTile / 2], e[kKeyTile / 2];
     wgmma_fence();
-    rows_product<D, kKeyTile>(s, sm.q, st.k);
-    rows_product<D, kKeyTile>(e, sm.g, st.v);
+    const int wg_row = threadIdx.x / 128 * kWarpgroupRows;  // this warpgroup's first row in the tile
+    rows_product<D, kKeyTile>(s, sm.q + wg_row * D, st.k);
+    rows_product<D, kKeyTile>(e, sm.g + wg_row * D, st.v);
     wgmma_commit();
     wgmma_wait_all();
     fence_accumulators(s);
@@ -203,9 +207,9 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardPar
     float amax[2] = {0.f, 0.f};
     const bool interior = k0 + kKeyTile <= d.len && (!p.causal || k0 + kKeyTile - 1 <= q0);
     if (interior) {
-      interior_u(s, e, sm, rw, t, amax);
+      interior_u(s, e, st, rw, t, amax);
     } else {
-      masked_u(s, e, sm, rw, rows, d, k0, p.causal, t, amax);
+      masked_u(s, e, st, rw, rows, d, k0, p.causal, t, amax);
     }
     float sigma_pow[2], sigma_inv[2];
     for (int r = 0; r < 2; ++r) {
@@ -233,10 +237,8 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardPar
     wgmma_wait_all();
     fence_accumulators(dq_tile);
     add_scaled_rows(dq_acc, dq_tile, sigma_pow);
-    if (has_next) {
-      __syncthreads();  // every thread is done with this tile's scales
-      store_key_scales(next_scales, sm);
-    }
+    // Nobody reads the other stage until the next step's barrier.
+    if (has_next) store_key_scales(next_scales, sm.stage[(i + 1) % 2]);
   }
 
   auto* dq = static_cast<__nv_bfloat16*>(p.dq);
