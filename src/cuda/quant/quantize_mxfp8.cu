@@ -235,8 +235,9 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, int64_t head_stride, int total_tokens,
-                                  int heads, int dim, const int32_t* cu_seqlens, int num_docs, ScaleGeometry geometry, ScaleRule rule, uint8_t* codes, uint8_t* transposed_codes,
-                                  uint8_t* scales, cudaStream_t stream) {
+                                  int heads, int dim, const int32_t* cu_seqlens, int num_docs, ScaleGeometry geometry,
+                                  ScaleRule rule, uint8_t* codes, uint8_t* transposed_codes, uint8_t* scales,
+                                  cudaStream_t stream) {
   if (dim < kChunk || dim > kMaxDim || dim % kChunk != 0 || heads < 1 || heads > kMaxGridY || total_tokens < 0 ||
       num_docs < 0)
     return cudaErrorInvalidValue;

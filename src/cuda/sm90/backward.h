@@ -2,9 +2,9 @@
 //
 // Three passes, after Q, K, V and dO were quantized with the forward's groups and rule:
 //  1. prep:  D_i = 2^eg_i sum_f cg_if O_if per (token, query head), from dO's codes and the saved O;
-//  2. dK dV: one CTA per (document, 64-key block, KV head) owns its keys' dK and dV and walks the
+//  2. dK dV: one CTA per (document, 128-key block, KV head) owns its keys' dK and dV and walks the
 //            query heads of its group and the 64-query tiles that see its keys;
-//  3. dQ:    one CTA per (document, 64-query tile, query head) owns its rows' dQ and walks the
+//  3. dQ:    one CTA per (document, 128-query tile, query head) owns its rows' dQ and walks the
 //            128-key tiles its rows see.
 // Both main passes rebuild S and P from the forward's codes and LSE. Every output element has one
 // owner that sums in a fixed order, so the backward is deterministic (no atomics) and a row's dQ

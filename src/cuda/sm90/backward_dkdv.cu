@@ -1,7 +1,8 @@
 // Backward pass 2: dK and dV. One CTA of two warpgroups per (document, 128-key block, KV head) owns
-// those keys' gradients (64 keys per warpgroup, sharing every query tile in shared memory); it walks the query heads of its KV group and, for each, the 64-query tiles
-// (counted from the document start, tiling::kBwdQueryTile) that see its keys. Per tile, with the
-// keys as rows (S^T and E^T come out of the tensor cores already transposed):
+// those keys' gradients (64 keys per warpgroup, sharing every query tile in shared memory); it walks
+// the query heads of its KV group and, for each, the 64-query tiles (counted from the document
+// start, tiling::kBwdQueryTile) that see its keys. Per tile, with the keys as rows (S^T and E^T come
+// out of the tensor cores already transposed):
 //   S^T = K codes . Q codes^T,  p_ij = 2^(S_ij 2^(ek_j + eq_i) scale log2(e) - LSE_i log2(e))
 //   E^T = V codes . dO codes^T, E_ij = E^T_ji 2^(ev_j + eg_i),  U_ij = p_ij (E_ij - D_i)
 //   dV_j += sum_i E4M3(p_ij 2^(boost + eg_i - gamma)) cg_i          (times 2^(gamma - boost))

@@ -1,6 +1,7 @@
 // Backward pass 3: dQ. One CTA of two warpgroups per (document, 128-query tile, query head) owns
-// those rows' dQ (64 rows per warpgroup, sharing every key tile in shared memory) and walks the 128-key tiles (counted from the document start, tiling::kBwdKeyTile) that its
-// rows see. Per key tile:
+// those rows' dQ (64 rows per warpgroup, sharing every key tile in shared memory) and walks the
+// 128-key tiles (counted from the document start, tiling::kBwdKeyTile) that its rows see. Per key
+// tile:
 //   S = Q codes . K codes^T,  p_ij = 2^(S_ij 2^(eq_i + ek_j) scale log2(e) - LSE_i log2(e))
 //   E = dO codes . V codes^T, E_ij = E_ij 2^(eg_i + ev_j),  U_ij = p_ij (E_ij - D_i)
 //   dQ_i += 2^sigma_i sum_j E4M3(U_ij 2^(ek_j - sigma_i)) ck_j,  sigma_i: ceil scale of max_j |U_ij 2^ek_j|
