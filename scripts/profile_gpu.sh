@@ -5,7 +5,8 @@
 #   bash scripts/profile_gpu.sh [WORKLOAD] [OUT_DIR]      (defaults: 16x4096, $OUT or profile-results)
 #
 # Writes <OUT_DIR>/profile.ncu-rep (open with ncu-ui or `ncu --import`) and prints, per kernel, the
-# duration, SM and memory throughput, achieved occupancy and registers (the report holds the rest).
+# duration, SM and memory throughput, achieved occupancy and registers, then L2 throughput, tensor
+# pipe activity and the largest stall reasons (the report holds the rest).
 # Only the second training call is profiled (cudaProfilerStart/Stop around it: the first warms up),
 # every flamia kernel of it once, with clocks left as they run.
 set -euo pipefail
@@ -41,6 +42,7 @@ PY
 
 ncu --profile-from-start off --kernel-name regex:'quantize|prefix_max|forward_kernel|backward_' \
   --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+  --section ComputeWorkloadAnalysis \
   -f -o "$OUT_DIR/profile" "$PYTHON" "$DRIVER" > "$OUT_DIR/ncu.log" 2>&1 || { tail -20 "$OUT_DIR/ncu.log"; exit 1; }
 ncu --import "$OUT_DIR/profile.ncu-rep" --page details --csv > "$OUT_DIR/profile.csv"
 "$PYTHON" - "$OUT_DIR/profile.csv" <<'PY'
@@ -55,4 +57,31 @@ for (kid, name), m in by_kernel.items():
         if key in m:
             print(f"      {key:28s} {m[key][0]} {m[key][1]}")
 PY
-echo "profile_gpu: wrote $OUT_DIR/profile.ncu-rep, $OUT_DIR/profile.csv"
+# From the raw metrics: L2 throughput (the attention kernels were L2-bound in session 9), pipe
+# utilization, and the stall reasons per issued instruction (cycles), largest first.
+ncu --import "$OUT_DIR/profile.ncu-rep" --page raw --csv > "$OUT_DIR/profile-raw.csv"
+"$PYTHON" - "$OUT_DIR/profile-raw.csv" <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+header, data = rows[0], rows[2:]
+def value(row, name):
+    try:
+        return float(row[header.index(name)].replace(",", ""))
+    except (ValueError, IndexError):
+        return None
+prefix, suffix = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+for row in data:
+    print(row[header.index("Kernel Name")][:60])
+    for label, name in (("L2 throughput %", "lts__throughput.avg.pct_of_peak_sustained_elapsed"),
+                        ("tensor pipe active %", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"),
+                        ("cycles per issued instruction", "smsp__average_warp_latency_per_inst_issued.ratio")):
+        v = value(row, name)
+        if v is not None:
+            print(f"      {label:30s} {v:.2f}")
+    stalls = [(h[len(prefix):-len(suffix)], value(row, h)) for h in header
+              if h.startswith(prefix) and h.endswith(suffix) and "not_issued" not in h]
+    # "selected" is the issuing cycle itself (always 1), not a stall.
+    stalls = sorted(((r, v) for r, v in stalls if v is not None and v >= 0.1 and r != "selected"), key=lambda x: -x[1])
+    print("      stalls per issued instruction: " + ", ".join(f"{r} {v:.2f}" for r, v in stalls[:6]))
+PY
+echo "profile_gpu: wrote $OUT_DIR/profile.ncu-rep, $OUT_DIR/profile.csv, $OUT_DIR/profile-raw.csv"
