@@ -1,0 +1,60 @@
+"""The ctypes layer (python/flamia/_capi.py) against the real libflamia_capi.so, without torch or a
+GPU: the workspace size queries take no device, so their signatures and the documents argument can
+be checked on the CPU machine. CTest sets FLAMIA_CAPI_LIB when the library is built (it needs the
+CUDA toolkit, not a GPU); elsewhere the module is skipped with the reason.
+"""
+
+import os
+import pathlib
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+LIB = os.environ.get("FLAMIA_CAPI_LIB")
+if not LIB or not pathlib.Path(LIB).exists():
+    pytest.skip("libflamia_capi.so not built (no CUDA toolkit): FLAMIA_CAPI_LIB unset", allow_module_level=True)
+sys.path.insert(0, str(REPO / "python"))
+
+from flamia import _capi  # noqa: E402
+
+T, HQ, HKV, D = 1000, 8, 2, 128
+STEP = 32  # core/operand_layout.h kKeyStep: one step of slack per document in the transposed layout
+
+
+def shapes():
+    q = _capi.tensor(0, T, HQ, D, HQ * D, D)
+    kv = _capi.tensor(0, T, HKV, D, HKV * D, D)
+    return q, kv, kv
+
+
+def docs(num_docs):
+    return _capi.Documents(None, None, num_docs, 1)  # only num_docs is read
+
+
+@pytest.mark.parametrize("query", [_capi.forward_workspace_size, _capi.backward_workspace_size])
+def test_size_queries_take_the_document_count(query):
+    one = query(*shapes(), docs(1))
+    many = query(*shapes(), docs(101))
+    assert one > 0 and one % 256 == 0
+    # The transposed code layouts hold one 32-token step of slack per document: V's in the forward
+    # (Hkv heads), Q's, K's and dO's in the backward (2 Hq + Hkv heads); 256-byte regions round up.
+    heads = HKV if query is _capi.forward_workspace_size else 2 * HQ + HKV
+    grown = many - one
+    assert heads * D * STEP * 100 <= grown <= heads * D * STEP * 100 + 256 * 8
+
+
+@pytest.mark.parametrize("query", [_capi.forward_workspace_size, _capi.backward_workspace_size])
+def test_size_queries_reject_an_empty_document_list(query):
+    with pytest.raises(_capi.FlamiaError) as info:
+        query(*shapes(), docs(0))
+    assert info.value.status == _capi.ERROR_INVALID_ARGUMENT
+    assert "docs.num_docs" in info.value.message
+
+
+def test_size_query_names_a_bad_shape():
+    q, k, v = shapes()
+    bad = _capi.tensor(0, T, 3, D, 3 * D, D)  # 8 query heads over 3 K/V heads
+    with pytest.raises(_capi.FlamiaError) as info:
+        _capi.forward_workspace_size(q, bad, bad, docs(1))
+    assert "k.heads" in info.value.message
