@@ -24,6 +24,7 @@
 #include "cuda/sm90/backward.h"
 #include "cuda/document_span.cuh"
 #include "cuda/sm90/fp8_math.cuh"
+#include "cuda/sm90/launch.cuh"
 #include "cuda/sm90/smem_stage.cuh"
 #include "cuda/sm90/wgmma.cuh"
 #include "formats/scales.h"
@@ -163,8 +164,7 @@ __device__ __forceinline__ void interior_pu(const float (&s)[kQueryTile / 2], fl
       for (int el = 0; el < 4; ++el) {
         const int r = el >> 1, x = nb * 4 + el;
         const float4 c = c2[el & 1];
-        float pij;
-        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(pij) : "f"(fmaf(s[x] * c.x, k_factor[r], c.w)));
+        const float pij = exp2_ftz(fmaf(s[x] * c.x, k_factor[r], c.w));
         const float w = pij * (e[x] * v_pow[r] * c.y - ((el & 1) ? dl.y : dl.x)) * c.x;
         pf[b][el] = pij * c.z;
         e[x] = w;
@@ -310,25 +310,14 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardP
   }
 }
 
-template <int D>
-int launch(const BackwardParams& p, cudaStream_t stream) {
-  constexpr size_t kSmem = sizeof(DkdvShared<D>);
-  if (const cudaError_t err = cudaFuncSetAttribute(backward_dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   int(kSmem));
-      err != cudaSuccess)
-    return int(err);
-  const dim3 grid(unsigned(slots::slot_count(p.total_tokens, p.num_docs, kKeyRows)), p.kv_heads);
-  backward_dkdv_kernel<D><<<grid, kThreads, kSmem, stream>>>(p);
-  return int(cudaGetLastError());
-}
-
 }  // namespace
 
 int launch_backward_dkdv(const BackwardParams& p, void* stream) {
-  auto s = static_cast<cudaStream_t>(stream);
-  if (p.head_dim == 128) return launch<128>(p, s);
-  if (p.head_dim == 64) return launch<64>(p, s);
-  return int(cudaErrorInvalidValue);
+  return for_head_dim(p.head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    return launch_over_tile_slots(backward_dkdv_kernel<D>, p, sizeof(DkdvShared<D>), kThreads, kKeyRows, p.kv_heads,
+                                  static_cast<cudaStream_t>(stream));
+  });
 }
 
 }  // namespace flamia::cuda::sm90

@@ -21,6 +21,7 @@
 #include "cuda/sm90/backward.h"
 #include "cuda/document_span.cuh"
 #include "cuda/sm90/fp8_math.cuh"
+#include "cuda/sm90/launch.cuh"
 #include "cuda/sm90/smem_stage.cuh"
 #include "cuda/sm90/wgmma.cuh"
 #include "formats/scales.h"
@@ -129,8 +130,7 @@ __device__ __forceinline__ void interior_u(float (&s)[kKeyTile / 2], const float
     for (int el = 0; el < 4; ++el) {
       const int r = el >> 1, x = nb * 4 + el;
       const float k_pow = (el & 1) ? kp.y : kp.x, v_pow = (el & 1) ? vp.y : vp.x;
-      float pij;
-      asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(pij) : "f"(fmaf(s[x] * k_pow, rw.q_factor[r], neg_lse2[r])));
+      const float pij = exp2_ftz(fmaf(s[x] * k_pow, rw.q_factor[r], neg_lse2[r]));
       const float w = pij * (e[x] * v_pow * rw.g_pow[r] - rw.delta[r]) * k_pow;
       s[x] = w;
       part_max[r][nb & 1] = fmaxf(part_max[r][nb & 1], fabsf(w));
@@ -250,25 +250,14 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardPar
   }
 }
 
-template <int D>
-int launch(const BackwardParams& p, cudaStream_t stream) {
-  constexpr size_t kSmem = sizeof(DqShared<D>);
-  if (const cudaError_t err = cudaFuncSetAttribute(backward_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   int(kSmem));
-      err != cudaSuccess)
-    return int(err);
-  const dim3 grid(unsigned(slots::slot_count(p.total_tokens, p.num_docs, kQueryRows)), p.q_heads);
-  backward_dq_kernel<D><<<grid, kThreads, kSmem, stream>>>(p);
-  return int(cudaGetLastError());
-}
-
 }  // namespace
 
 int launch_backward_dq(const BackwardParams& p, void* stream) {
-  auto s = static_cast<cudaStream_t>(stream);
-  if (p.head_dim == 128) return launch<128>(p, s);
-  if (p.head_dim == 64) return launch<64>(p, s);
-  return int(cudaErrorInvalidValue);
+  return for_head_dim(p.head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    return launch_over_tile_slots(backward_dq_kernel<D>, p, sizeof(DqShared<D>), kThreads, kQueryRows, p.q_heads,
+                                  static_cast<cudaStream_t>(stream));
+  });
 }
 
 }  // namespace flamia::cuda::sm90

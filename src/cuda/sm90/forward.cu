@@ -22,6 +22,7 @@
 #include "cuda/document_span.cuh"
 #include "cuda/sm90/forward.h"
 #include "cuda/sm90/fp8_math.cuh"
+#include "cuda/sm90/launch.cuh"
 #include "cuda/sm90/smem_stage.cuh"
 #include "cuda/sm90/wgmma.cuh"
 #include "formats/scales.h"
@@ -91,17 +92,6 @@ __device__ __forceinline__ void copy_key_tile_async(const ForwardParams& p, int 
   copy_tile_async<D, kKeyTile, kThreads>(p.v_codes_t + vt_doc_row + k0, p.vt_pitch, D, len - k0, st.vt);
 }
 
-// 2^x for the softmax: the bare MUFU instruction (exp2f adds subnormal handling around it).
-// Flushing results below 2^-126 to 0
-// changes nothing that is kept: such a p, times a fold factor of at most 2^boost, is far below
-// E4M3's smallest subnormal (2^-9), and against l >= 1 (the row max contributes 1) it is lost in
-// the FP32 sum anyway.
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // The online-softmax update of a tile with row maxima tile_max (already over the quad): new
 // running max, l and O rescaled by 2^(m - m'). A warp skips the O rescale when none of its rows'
 // max moved (alpha = 1 exactly), the common case once the max has settled.
@@ -119,6 +109,10 @@ __device__ __forceinline__ void update_running_max(const float (&tile_max)[2], f
   }
   if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) scale_rows(o_acc, alpha);
 }
+
+// Both tile paths take 2^x as exp2_ftz: a p below 2^-126, times a fold factor of at most 2^boost,
+// is far below E4M3's smallest subnormal (2^-9), and against l >= 1 (the row max contributes 1) it
+// is lost in the FP32 sum anyway, so flushing it to 0 changes nothing that is kept.
 
 // A masked tile (it holds keys some row must not see: the diagonal tile, a document's last),
 // element by element as the emulation states it: s = S 2^eq_i 2^ek_j scale log2(e) on visible keys,
@@ -349,25 +343,14 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) forward_kernel(const For
   }
 }
 
-template <int D>
-cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
-  // More than the 48 KiB default of dynamic shared memory; attributes are legal during capture.
-  constexpr int kSmem = sizeof(SharedTiles<D>);
-  if (const cudaError_t e = cudaFuncSetAttribute(forward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-      e != cudaSuccess)
-    return e;
-  const dim3 grid(unsigned(slots::slot_count(p.total_tokens, p.num_docs, kQueryRows)), p.q_heads);
-  forward_kernel<D><<<grid, kThreads, kSmem, stream>>>(p);
-  return cudaGetLastError();
-}
-
 }  // namespace
 
 int launch_forward(const ForwardParams& p, void* stream) {
-  auto s = static_cast<cudaStream_t>(stream);
-  if (p.head_dim == 128) return int(launch<128>(p, s));
-  if (p.head_dim == 64) return int(launch<64>(p, s));
-  return int(cudaErrorInvalidValue);
+  return for_head_dim(p.head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    return launch_over_tile_slots(forward_kernel<D>, p, sizeof(SharedTiles<D>), kThreads, kQueryRows, p.q_heads,
+                                  static_cast<cudaStream_t>(stream));
+  });
 }
 
 }  // namespace flamia::cuda::sm90
