@@ -250,16 +250,20 @@ def tensor(data_ptr, tokens, heads, dim, stride_token, stride_head, dtype=DTYPE_
                   int(stride_token), int(stride_head))
 
 
+def _workspace_size(query, q, k, v, docs):
+    """A flamia_*_workspace_size call: both queries take (q, k, v, docs, &bytes, &error)."""
+    nbytes = ctypes.c_size_t(0)
+    error = Error()
+    status = query(ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(docs), ctypes.byref(nbytes),
+                   ctypes.byref(error))
+    check(status, error)
+    return int(nbytes.value)
+
+
 def forward_workspace_size(q, k, v, docs):
     """Bytes of workspace flamia_forward needs for these shapes (flamia_tensor descriptors) and
     docs.num_docs (a Documents; nothing else of it is read)."""
-    nbytes = ctypes.c_size_t(0)
-    error = Error()
-    status = library().flamia_forward_workspace_size(
-        ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(docs), ctypes.byref(nbytes),
-        ctypes.byref(error))
-    check(status, error)
-    return int(nbytes.value)
+    return _workspace_size(library().flamia_forward_workspace_size, q, k, v, docs)
 
 
 def forward(q, k, v, docs, options, o, lse_ptr, workspace_ptr, workspace_bytes, stream):
@@ -275,13 +279,7 @@ def forward(q, k, v, docs, options, o, lse_ptr, workspace_ptr, workspace_bytes, 
 def backward_workspace_size(q, k, v, docs):
     """Bytes of workspace flamia_backward needs for these shapes (flamia_tensor descriptors) and
     docs.num_docs (a Documents; nothing else of it is read)."""
-    nbytes = ctypes.c_size_t(0)
-    error = Error()
-    status = library().flamia_backward_workspace_size(
-        ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(docs), ctypes.byref(nbytes),
-        ctypes.byref(error))
-    check(status, error)
-    return int(nbytes.value)
+    return _workspace_size(library().flamia_backward_workspace_size, q, k, v, docs)
 
 
 def backward(q, k, v, o, lse_ptr, dout, docs, options, dq, dk, dv, workspace_ptr, workspace_bytes, stream):
