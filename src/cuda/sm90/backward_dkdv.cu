@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardP
 int launch_backward_dkdv(const BackwardParams& p, void* stream) {
   return for_head_dim(p.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
-    return launch_over_tile_slots(backward_dkdv_kernel<D>, p, sizeof(DkdvShared<D>), kThreads, kKeyRows, p.kv_heads,
+    return launch_over_tile_slots(backward_dkdv_kernel<D>, p, sizeof(DkdvShared<D>), kThreads, p.total_tokens, p.num_docs, kKeyRows, p.kv_heads,
                                   static_cast<cudaStream_t>(stream));
   });
 }

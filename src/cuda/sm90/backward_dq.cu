@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardPar
 int launch_backward_dq(const BackwardParams& p, void* stream) {
   return for_head_dim(p.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
-    return launch_over_tile_slots(backward_dq_kernel<D>, p, sizeof(DqShared<D>), kThreads, kQueryRows, p.q_heads,
+    return launch_over_tile_slots(backward_dq_kernel<D>, p, sizeof(DqShared<D>), kThreads, p.total_tokens, p.num_docs, kQueryRows, p.q_heads,
                                   static_cast<cudaStream_t>(stream));
   });
 }

@@ -1,9 +1,16 @@
-// MXFP8 attention forward on Hopper: FP8 wgmma (m64nNk32 e4m3), one CTA of two warpgroups per
-// (document, 128-query tile, query head), the tiles numbered by document tile slots
-// (core/document_slots.h); each warpgroup owns 64 of the rows and both share every K and V^T tile
-// in shared memory, which halves the L2 traffic of 64-row CTAs (it was 90% of L2 peak). It implements the emulation's numerics as docs/NUMERICS.md states them. Loads are double-buffered cp.async copies: the next key tile's K
-// codes, V^T codes (written transposed and key-permuted by the quantizer) and scales are in flight
-// while the current tile is computed. TMA, warp specialization and ping-pong softmax come next.
+// MXFP8 attention forward on Hopper: FP8 wgmma (m64nNk32 e4m3), warp-specialized. One CTA per
+// (document tile slot of 128 queries, query head), tile slots as in core/document_slots.h, of three
+// warpgroups:
+//   - warpgroup 0 is the producer: one warp loads the CTA's Q tile and then each key tile (K rows
+//     and V^T, written transposed and key-permuted by the quantizer) with TMA into a ring of
+//     kStages shared-memory stages, and the key tile's scale factors with ordinary loads;
+//   - warpgroups 1 and 2 are consumers, 64 query rows each, reading every stage in turn.
+// Stages pass between them through mbarriers (tma.cuh): "full" when the loads landed, "empty" when
+// both consumers are done. Each consumer overlaps its softmax with the tensor cores: in step i it
+// issues S_i = Q.K_i and O += P~_{i-1}.V_{i-1} together, and computes the softmax of S_i while
+// the second product runs (FA3's intra-warpgroup overlap); the two consumers take turns at issuing
+// (named barriers), so one's softmax runs while the other's products do (ping-pong).
+// It implements the emulation's numerics as docs/NUMERICS.md states them.
 //
 // Per key tile (128 keys, from the diagonal tile down, as the emulation):
 //   S = (Q codes . K codes) * 2^eq_i * 2^ek_j * scale * log2(e)      scales factored out
@@ -18,87 +25,118 @@
 
 #include "core/operand_layout.h"
 #include "core/tiling.h"
-#include "cuda/sm90/accumulator.cuh"
 #include "cuda/document_span.cuh"
+#include "cuda/sm90/accumulator.cuh"
 #include "cuda/sm90/forward.h"
 #include "cuda/sm90/fp8_math.cuh"
 #include "cuda/sm90/launch.cuh"
-#include "cuda/sm90/smem_stage.cuh"
+#include "cuda/sm90/tensor_map.h"
+#include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
 #include "formats/scales.h"
 
 namespace flamia::cuda::sm90 {
 namespace {
 
-constexpr int kWarpgroups = 2;
-constexpr int kWarps = 4 * kWarpgroups;
+constexpr int kConsumers = 2;                        // consumer warpgroups
+constexpr int kThreads = 128 * (1 + kConsumers);     // warpgroup 0 produces
 constexpr int kRowsPerWarp = 16;                     // one m16 MMA row block per warp
 constexpr int kWarpgroupRows = 4 * kRowsPerWarp;     // 64: the m64 of every product
-constexpr int kQueryRows = kWarps * kRowsPerWarp;    // 128 queries per CTA
+constexpr int kQueryRows = kConsumers * kWarpgroupRows;  // 128 queries per CTA
 constexpr int kKeyTile = tiling::kFwdKeyTile;        // 128 keys per online-softmax step
 constexpr int kKeyBlocks = kKeyTile / 8;             // n8 blocks of S per tile
+constexpr int kStages = 3;  // tile i's K and V, tile i-1's V (still in P.V) and tile i+1 landing
 static_assert(kQueryRows == tiling::kFwdQueryTile && tiling::kFwdKeyTile % kQueryRows == 0,
               "a CTA's rows are one forward query tile and share their diagonal key tile");
-constexpr int kCtasPerSm = 1;  // 8 warps of up to 255 registers
-constexpr int kThreads = kWarps * 32;
-static_assert(kThreads >= tiling::kFwdKeyTile, "one thread loads each key's scales");
+// Registers per thread after the hand-over: 128 x 40 + 256 x 232 = 64512 of the SM's 65536.
+constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+constexpr int kProducerLanes = 32;  // the producer warp: all of it arrives on "full"
+// Named barriers 1 and 2: consumer c waits on 1 + c for its turn to issue products.
+constexpr int kTurnBarrier = 1;
 
-// One key tile's operands: the double buffer holds two.
+// One key tile's operands; stages of the ring are 1024-byte aligned, as the 128-byte swizzle of
+// the TMA-written tiles requires.
 template <int D>
-struct KeyTileStage {
-  uint8_t k[kKeyTile * D];   // rows = keys, K = features
-  uint8_t vt[D * kKeyTile];  // rows = features, K = keys (permuted)
+struct alignas(1024) KeyTileStage {
+  uint8_t k[kKeyTile * D];   // rows = keys, K = features (swizzled)
+  uint8_t vt[D * kKeyTile];  // rows = features, K = keys, permuted (swizzled)
   float k_col[kKeyTile];     // 2^ek_j (0 past the document end)
-  float v_pow[kKeyTile];     // 2^(ev_j - c): interior tiles' half of the V fold (see forward_kernel)
+  float v_pow[kKeyTile];     // 2^(ev_j - c): interior tiles' half of the V fold (see consume)
   uint8_t v_scale[kKeyTile];  // UE8M0 of V_j: masked tiles fold with its exponent
 };
 template <int D>
 struct SharedTiles {
-  uint8_t q[kQueryRows * D];
-  KeyTileStage<D> stage[2];
+  alignas(1024) uint8_t q[kQueryRows * D];
+  KeyTileStage<D> stage[kStages];
+  uint64_t full[kStages], empty[kStages], q_full;
 };
-static_assert(kCtasPerSm * (sizeof(SharedTiles<128>) + 1024) <= 228 * 1024, "the CTAs of an SM must fit in shared memory");
+// The dynamic shared memory's base is only 16-byte aligned: the kernel rounds it up.
+template <int D>
+constexpr size_t kSharedBytes = sizeof(SharedTiles<D>) + 1024;
+static_assert(kSharedBytes<128> <= 227 * 1024, "one CTA per SM must fit in shared memory");
 
-// A key tile's per-key scale bytes, loaded into registers one tile ahead (thread = key; threads
-// past the tile load nothing).
-struct KeyScales {
-  uint8_t k, v;
-  bool in_doc;
+// The TMA tensor maps of the codes, besides the plain parameters.
+struct ForwardArgs {
+  ForwardParams p;
+  CUtensorMap q_map;   // Q codes [T, Hq, D]: box D x 1 x kQueryRows
+  CUtensorMap k_map;   // K codes [T, Hkv, D]: box D x 1 x kKeyTile
+  CUtensorMap vt_map;  // V^T codes [Hkv * D, vt_pitch]: box kKeyTile x D
 };
-__device__ __forceinline__ KeyScales load_key_scales(const ForwardParams& p, int doc_begin, int len, int kvh, int k0) {
-  const int key = k0 + int(threadIdx.x);
-  if (threadIdx.x >= kKeyTile || key >= len) return {0, 0, false};
-  const size_t s = size_t(doc_begin + key) * p.kv_heads + kvh;
-  return {p.k_scales[s], p.v_scales[s], true};
-}
-template <int D>
-__device__ __forceinline__ void store_key_scales(const KeyScales& ks, int c_exp, KeyTileStage<D>& st) {
-  const int key = int(threadIdx.x);
-  if (key >= kKeyTile) return;
-  const int v_exp = ks.in_doc ? scale_exponent(ks.v) : 0;
-  st.k_col[key] = ks.in_doc ? pow2_of_scale(ks.k) : 0.f;
-  st.v_scale[key] = ks.v;
-  st.v_pow[key] = c_exp == kNaNExponent ? pow2i(kNaNExponent) : pow2i(add_exponents(v_exp, -c_exp));
-}
 
-// Starts the cp.async copies of key tile k0's K codes (rows form) and V^T codes (from the
-// transposed layout, keys already permuted); keys past the document end are zero-filled.
+// What both the producer and the consumers know about the CTA's work.
+struct CtaWork {
+  int doc, doc_begin, doc_end, len, q0, kvh;
+  int tiles;  // key tiles, from the diagonal one (tile 0 of the loop) down to the first
+  int c_exp;  // the V fold split exponent c (see consume)
+};
+__device__ __forceinline__ int key_tile_start(const CtaWork& w, int i) { return (w.tiles - 1 - i) * kKeyTile; }
+
+// --- producer ----------------------------------------------------------------------------------
+// One warp: Q once, then per key tile i: wait until stage i % kStages is empty, TMA its K and V^T
+// codes (lane 0), and the per-key scale factors (lane = key mod 32), then every lane arrives on
+// "full". Keys past the document end load the next document's codes (or zeros past the tensor):
+// finite E4M3 codes (the quantizer never writes NaN codes) whose P is exactly 0, and columns of S
+// that the masked path drops.
 template <int D>
-__device__ __forceinline__ void copy_key_tile_async(const ForwardParams& p, int doc_begin, int64_t vt_doc_row, int len,
-                                                    int kvh, int k0, KeyTileStage<D>& st) {
-  const int64_t kv_pitch = int64_t(p.kv_heads) * D;
-  copy_tile_async<kKeyTile, D, kThreads>(p.k_codes + (int64_t(doc_begin + k0) * p.kv_heads + kvh) * D, kv_pitch,
-                                         len - k0, D, st.k);
-  copy_tile_async<D, kKeyTile, kThreads>(p.v_codes_t + vt_doc_row + k0, p.vt_pitch, D, len - k0, st.vt);
+__device__ void produce(const ForwardArgs& args, const CtaWork& w, SharedTiles<D>& sm) {
+  const ForwardParams& p = args.p;
+  const int lane = int(threadIdx.x) % 32, h = blockIdx.y;
+  if (lane == 0) {
+    barrier_expect_bytes(sm.q_full, kQueryRows * D);
+    tma_load(args.q_map, sm.q, sm.q_full, 0, h, w.doc_begin + w.q0);
+    barrier_arrive(sm.q_full);
+  }
+  const int vt_doc_start = int(layout::transposed_document_start(w.doc_begin, w.doc));
+  for (int i = 0; i < w.tiles; ++i) {
+    const int stage = i % kStages, k0 = key_tile_start(w, i);
+    KeyTileStage<D>& st = sm.stage[stage];
+    barrier_wait(sm.empty[stage], ((i / kStages) & 1) ^ 1);
+    if (lane == 0) {
+      barrier_expect_bytes(sm.full[stage], 2 * kKeyTile * D);
+      tma_load(args.k_map, st.k, sm.full[stage], 0, w.kvh, w.doc_begin + k0);
+      tma_load(args.vt_map, st.vt, sm.full[stage], vt_doc_start + k0, w.kvh * D);
+    }
+#pragma unroll
+    for (int j = 0; j < kKeyTile / 32; ++j) {
+      const int key = j * 32 + lane;
+      const bool in_doc = k0 + key < w.len;
+      const size_t s = size_t(w.doc_begin + min(k0 + key, w.len - 1)) * p.kv_heads + w.kvh;
+      const uint8_t k_code = p.k_scales[s], v_code = p.v_scales[s];
+      st.k_col[key] = in_doc ? pow2_of_scale(k_code) : 0.f;
+      st.v_scale[key] = in_doc ? v_code : 0;
+      st.v_pow[key] = w.c_exp == kNaNExponent
+                          ? pow2i(kNaNExponent)
+                          : pow2i(add_exponents(in_doc ? scale_exponent(v_code) : 0, -w.c_exp));
+    }
+    barrier_arrive(sm.full[stage]);
+  }
 }
 
 // The online-softmax update of a tile with row maxima tile_max (already over the quad): new
-// running max, l and O rescaled by 2^(m - m'). A warp skips the O rescale when none of its rows'
-// max moved (alpha = 1 exactly), the common case once the max has settled.
-template <int N>
+// running max and l; alpha = 2^(m - m') is what O must be multiplied by once the product that is
+// still adding the previous tile into it has finished (rescale_output).
 __device__ __forceinline__ void update_running_max(const float (&tile_max)[2], float (&m)[2], float (&l)[2],
-                                                   float (&o_acc)[N]) {
-  float alpha[2];
+                                                   float (&alpha)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float m_new = nan_max(m[r], tile_max[r]);
@@ -107,6 +145,11 @@ __device__ __forceinline__ void update_running_max(const float (&tile_max)[2], f
     l[r] *= alpha[r];
     m[r] = m_new;
   }
+}
+// A warp skips the rescale when none of its rows' max moved (alpha = 1 exactly), the common case
+// once the max has settled.
+template <int N>
+__device__ __forceinline__ void rescale_output(float (&o_acc)[N], const float (&alpha)[2]) {
   if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) scale_rows(o_acc, alpha);
 }
 
@@ -116,14 +159,13 @@ __device__ __forceinline__ void update_running_max(const float (&tile_max)[2], f
 
 // A masked tile (it holds keys some row must not see: the diagonal tile, a document's last),
 // element by element as the emulation states it: s = S 2^eq_i 2^ek_j scale log2(e) on visible keys,
-// -inf elsewhere; p = 2^(s - m); l sums unrounded p; P~ = E4M3(p 2^(ev_j + fold_bias_i)) packed as
-// P.V's A operand. Masked keys contribute an exact 0, even when their V scale is NaN.
+// -inf elsewhere; p = 2^(s - m); l sums unrounded p; s is left holding p 2^(ev_j + fold_bias_i),
+// which pack_p_operand rounds to P~. Masked keys contribute an exact 0, even when their V scale is NaN.
 template <int D>
 __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyTileStage<D>& st,
                                             const float (&q_factor)[2], const int (&fold_bias)[2], int k0, int len,
                                             bool causal, const int (&rows)[2], const bool (&row_valid)[2], int t,
-                                            float (&m)[2], float (&l)[2], float (&o_acc)[D / 2],
-                                            uint32_t (&pa)[kKeyTile / 32][4]) {
+                                            float (&m)[2], float (&l)[2], float (&alpha)[2]) {
   float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int nb = 0; nb < kKeyBlocks; ++nb) {
@@ -138,28 +180,22 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
     }
   }
   for (int r = 0; r < 2; ++r) tile_max[r] = quad_nan_max(tile_max[r]);
-  update_running_max(tile_max, m, l, o_acc);
+  update_running_max(tile_max, m, l, alpha);
 
 #pragma unroll
-  for (int kk = 0; kk < kKeyTile / 32; ++kk) {
-    float pf[4][4];  // [n8 block within the step][element]
+  for (int nb = 0; nb < kKeyBlocks; ++nb) {
+    const uchar2 vs = *reinterpret_cast<const uchar2*>(st.v_scale + nb * 8 + 2 * t);
 #pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const int nb = kk * 4 + b;
-      const uchar2 vs = *reinterpret_cast<const uchar2*>(st.v_scale + nb * 8 + 2 * t);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        const float x = s[nb * 4 + e];
-        const bool visible = x != -INFINITY;
-        const float pe = visible ? exp2_ftz(x - m[r]) : 0.f;
-        l[r] += pe;
-        const int v_exp = scale_exponent((e & 1) ? vs.y : vs.x);
-        const float fold = pow2i(v_exp == kNaNExponent ? kNaNExponent : v_exp + fold_bias[r]);
-        pf[b][e] = visible ? pe * fold : 0.f;
-      }
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1;
+      float& x = s[nb * 4 + e];
+      const bool visible = x != -INFINITY;
+      const float pe = visible ? exp2_ftz(x - m[r]) : 0.f;
+      l[r] += pe;
+      const int v_exp = scale_exponent((e & 1) ? vs.y : vs.x);
+      const float fold = pow2i(v_exp == kNaNExponent ? kNaNExponent : v_exp + fold_bias[r]);
+      x = visible ? pe * fold : 0.f;
     }
-    pack_a_step(pf, pa[kk]);
   }
 }
 
@@ -170,12 +206,11 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
 //     p NaN below, and so the row's O and LSE, as on masked tiles);
 //   - s - m as one fused multiply-add (one rounding instead of two: well inside the tolerances);
 //   - the V fold 2^(ev_j + fold_bias_i) as the product v_pow_j row_pow_i of two powers of two
-//     (bitwise the same factor: see forward_kernel).
+//     (bitwise the same factor: see consume).
 template <int D>
 __device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const KeyTileStage<D>& st,
                                               const float (&q_factor)[2], const float (&row_pow)[2], int t,
-                                              float (&m)[2], float (&l)[2], float (&o_acc)[D / 2],
-                                              uint32_t (&pa)[kKeyTile / 32][4]) {
+                                              float (&m)[2], float (&l)[2], float (&alpha)[2]) {
   // Four partial maxima per row (the max is exact in any order), so that no chain of dependent
   // instructions runs through all 32 of a row's elements.
   float part_max[2][4];
@@ -199,7 +234,7 @@ __device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const Ke
     tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
     tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2)) * q_factor[r];
   }
-  update_running_max(tile_max, m, l, o_acc);
+  update_running_max(tile_max, m, l, alpha);
   // -m, except where every score so far overflowed to -inf (p = 0 then, not NaN).
   for (int r = 0; r < 2; ++r) neg_m[r] = m[r] == -INFINITY ? 0.f : -m[r];
 
@@ -207,124 +242,138 @@ __device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const Ke
   // order of an FP32 sum of positive terms moves it by a few ulp at most).
   float part_sum[2][kKeyTile / 32] = {};
 #pragma unroll
-  for (int kk = 0; kk < kKeyTile / 32; ++kk) {
-    float pf[4][4];
+  for (int nb = 0; nb < kKeyBlocks; ++nb) {
+    const float2 vp = *reinterpret_cast<const float2*>(st.v_pow + nb * 8 + 2 * t);
 #pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const int nb = kk * 4 + b;
-      const float2 vp = *reinterpret_cast<const float2*>(st.v_pow + nb * 8 + 2 * t);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        const float pe = exp2_ftz(fmaf(s[nb * 4 + e], q_factor[r], neg_m[r]));
-        part_sum[r][kk] += pe;
-        pf[b][e] = pe * (((e & 1) ? vp.y : vp.x) * row_pow[r]);
-      }
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1;
+      float& x = s[nb * 4 + e];
+      const float pe = exp2_ftz(fmaf(x, q_factor[r], neg_m[r]));
+      part_sum[r][nb / 4] += pe;
+      x = pe * (((e & 1) ? vp.y : vp.x) * row_pow[r]);
     }
-    pack_a_step(pf, pa[kk]);
   }
   static_assert(kKeyTile / 32 == 4, "four partial sums per row");
   for (int r = 0; r < 2; ++r) l[r] += (part_sum[r][0] + part_sum[r][1]) + (part_sum[r][2] + part_sum[r][3]);
 }
 
+// Rounds a tile's P operand values (left in s by the softmax) to E4M3 and packs them as the
+// register A operand of P.V.
+__device__ __forceinline__ void pack_p_operand(const float (&s)[kKeyTile / 2], uint32_t (&pa)[kKeyTile / 32][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kKeyTile / 32; ++kk) pack_a_step(*reinterpret_cast<const float(*)[4][4]>(s + 16 * kk), pa[kk]);
+}
+
+// --- consumers ---------------------------------------------------------------------------------
+// A warpgroup of 64 query rows. Step i (0..tiles) issues S_i = Q.K_i (i < tiles) and
+// O += P~_{i-1}.V_{i-1} (i > 0) in one turn, computes tile i's softmax while P.V runs, then, once
+// P.V is done, releases stage i-1, rescales O to the new running max and packs P~_i.
 template <int D>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm) forward_kernel(const ForwardParams p) {
-  extern __shared__ __align__(128) uint8_t smem[];
-  SharedTiles<D>& sm = *reinterpret_cast<SharedTiles<D>*>(smem);
-
-  const int h = blockIdx.y;
-  DocumentTile work;
-  if (!document_tile(p.cu_seqlens, p.num_docs, p.total_tokens, kQueryRows, blockIdx.x, work)) return;
-  const int doc = work.doc;
-  const auto [doc_begin, doc_end, len] = work.span;
-  const int q0 = (work.tiles - 1 - work.tile) * kQueryRows;  // later (costlier, causal) tiles launch first
-  const int kvh = h / (p.q_heads / p.kv_heads);
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int rows[2] = {q0 + warp * kRowsPerWarp + g, q0 + warp * kRowsPerWarp + g + 8};
-  const bool row_valid[2] = {rows[0] < len, rows[1] < len};
+__device__ void consume(const ForwardArgs& args, const CtaWork& w, SharedTiles<D>& sm) {
+  const ForwardParams& p = args.p;
+  const int consumer = int(threadIdx.x) / 128 - 1, warp = int(threadIdx.x) / 32 - 4;
+  const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4, h = blockIdx.y;
+  const int rows[2] = {w.q0 + warp * kRowsPerWarp + g, w.q0 + warp * kRowsPerWarp + g + 8};
+  const bool row_valid[2] = {rows[0] < w.len, rows[1] < w.len};
   const float scale_log2e = p.softmax_scale * 1.4426950408889634f;
 
   float q_factor[2];
   int fold_bias[2];  // boost - rho_i: the P operand is p * 2^(ev_j + fold_bias), never above 2^boost
   for (int r = 0; r < 2; ++r) {
-    const int tok = doc_begin + (row_valid[r] ? rows[r] : 0);
+    const int tok = w.doc_begin + (row_valid[r] ? rows[r] : 0);
     q_factor[r] = pow2_of_scale(p.q_scales[size_t(tok) * p.q_heads + h]) * scale_log2e;
     // rho_i: the running max of V's exponents over visible keys (the whole document if not causal).
-    const int ref_tok = p.causal ? tok : doc_end - 1;
-    const uint8_t rho = p.v_fold_ref[size_t(ref_tok) * p.kv_heads + kvh];
+    const int ref_tok = p.causal ? tok : w.doc_end - 1;
+    const uint8_t rho = p.v_fold_ref[size_t(ref_tok) * p.kv_heads + w.kvh];
     const int rho_exp = scale_exponent(rho);
     fold_bias[r] = rho_exp == kNaNExponent ? kNaNExponent : p.p_boost_log2 - rho_exp;
   }
   // Interior tiles (every key visible to every row) split the V fold 2^(ev_j + fold_bias_i) into
-  // v_pow_j = 2^(ev_j - c) and row_pow_i = 2^(fold_bias_i + c), with c = rho of the CTA's first row
-  // (of the document's last row when not causal). Every key of an interior tile has ev_j <= c <=
-  // rho_i, so both factors are at most 2^boost, and their product equals pow2i(ev_j + fold_bias_i)
-  // exactly: a product of two powers of two is exact down to 2^-149 and rounds to 0 below it, and
-  // where a factor is already 0 the true value is below 2^-141, which E4M3 encodes as 0 either way.
-  // (Rows past the document end get meaningless row_pow; their outputs are never stored, and rows
-  // do not mix in the products.)
-  const int c_exp = scale_exponent(p.v_fold_ref[size_t(p.causal ? doc_begin + q0 : doc_end - 1) * p.kv_heads + kvh]);
+  // v_pow_j = 2^(ev_j - c) (the producer's) and row_pow_i = 2^(fold_bias_i + c), with c = rho of
+  // the CTA's first row (of the document's last row when not causal). Every key of an interior
+  // tile has ev_j <= c <= rho_i, so both factors are at most 2^boost, and their product equals
+  // pow2i(ev_j + fold_bias_i) exactly: a product of two powers of two is exact down to 2^-149 and
+  // rounds to 0 below it, and where a factor is already 0 the true value is below 2^-141, which
+  // E4M3 encodes as 0 either way. (Rows past the document end get meaningless row_pow; their
+  // outputs are never stored, and rows do not mix in the products.)
   float row_pow[2];
-  for (int r = 0; r < 2; ++r) row_pow[r] = pow2i(add_exponents(fold_bias[r], c_exp));
+  for (int r = 0; r < 2; ++r) row_pow[r] = pow2i(add_exponents(fold_bias[r], w.c_exp));
 
   float o_acc[D / 2];  // the m64nD accumulator: [n8 block][4] flattened
   zero(o_acc);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float s[kKeyTile / 2];            // S_i, then tile i's P operand values
+  uint32_t pa[kKeyTile / 32][4];    // P~_{i-1}, read by the P.V in flight
+  const uint8_t* q_rows = sm.q + consumer * kWarpgroupRows * D;
+  constexpr SmemLayout kRowsLayout = kSwizzleFor<D>, kVtLayout = kSwizzleFor<kKeyTile>;
 
-  // Key tiles run from the diagonal one down to the first; tile i of the loop uses stage i % 2.
-  // Prologue: the CTA's Q rows (once) and the first key tile, zero-filled past the document end.
-  const int last_row = min(q0 + kQueryRows, len) - 1;
-  const int last_key = p.causal ? last_row : len - 1;
-  const int64_t vt_doc_row = int64_t(kvh) * D * p.vt_pitch + layout::transposed_document_start(doc_begin, doc);
-  copy_tile_async<kQueryRows, D, kThreads>(p.q_codes + (int64_t(doc_begin + q0) * p.q_heads + h) * D,
-                                           int64_t(p.q_heads) * D, len - q0, D, sm.q);
-  copy_key_tile_async(p, doc_begin, vt_doc_row, len, kvh, last_key / kKeyTile * kKeyTile, sm.stage[0]);
-  cp_async_commit();
-  store_key_scales(load_key_scales(p, doc_begin, len, kvh, last_key / kKeyTile * kKeyTile), c_exp, sm.stage[0]);
+  // Turns: consumer c issues its step's products once the other has issued its previous step's
+  // (consumer 1's first arrival lets consumer 0 start; it skips its last, which nobody awaits).
+  // Both consumers run the same tiles + 1 steps.
+  const int my_turn = kTurnBarrier + consumer, other_turn = kTurnBarrier + 1 - consumer;
+  constexpr int kTurnThreads = 2 * 128;
+  if (consumer == 1) named_barrier_arrive(other_turn, kTurnThreads);
 
-  for (int kt = last_key / kKeyTile, i = 0; kt >= 0; --kt, ++i) {
-    const int k0 = kt * kKeyTile;
-    const KeyTileStage<D>& st = sm.stage[i % 2];
-    cp_async_wait_all();
-    fence_smem_for_async_proxy();  // the copies are generic-proxy writes; wgmma reads via the async proxy
-    __syncthreads();  // tile kt is in shared memory, and every thread is done with tile kt + 1's stage
-    // Tile kt - 1 flows into the other stage while this one is computed.
-    KeyScales next_scales{};
-    if (kt > 0) {
-      copy_key_tile_async(p, doc_begin, vt_doc_row, len, kvh, k0 - kKeyTile, sm.stage[(i + 1) % 2]);
-      cp_async_commit();
-      next_scales = load_key_scales(p, doc_begin, len, kvh, k0 - kKeyTile);
-    }
-
-    // S = Q . K^T: 64 rows x 128 keys, D/32 k-steps on the tensor cores.
-    float s[kKeyTile / 2];
-    wgmma_fence();
-    rows_product<D, kKeyTile>(s, sm.q + threadIdx.x / 128 * kWarpgroupRows * D, st.k);  // this warpgroup's rows
-    wgmma_commit();
-    wgmma_wait_all();
+  // Tile i's softmax on S_i (waited for), leaving its P operand values in s and O's rescale
+  // factors in alpha.
+  auto softmax = [&](int i, float (&alpha)[2]) {
     fence_accumulators(s);
-
-    // Softmax and the P operand. A tile is interior when every key is visible to every row: inside
-    // the document and, causal, at or before the CTA's first row. Only visible keys enter the
-    // running max, so it never looks past a row.
-    const bool interior = k0 + kKeyTile <= len && (!p.causal || k0 + kKeyTile - 1 <= q0);
-    uint32_t pa[kKeyTile / 32][4];
-    if (interior) {
-      interior_tile(s, st, q_factor, row_pow, t, m, l, o_acc, pa);
-    } else {
-      masked_tile(s, st, q_factor, fold_bias, k0, len, p.causal, rows, row_valid, t, m, l, o_acc, pa);
-    }
-
-    // O += P~ . V codes on the tensor cores, B = V^T from shared memory.
-    fence_accumulators(o_acc);
-    wgmma_fence();
-    register_product<D, kKeyTile>(o_acc, pa, st.vt);
+    // A tile is interior when every key is visible to every row: inside the document and, causal,
+    // at or before the CTA's first row. Only visible keys enter the running max, so it never
+    // looks past a row.
+    const KeyTileStage<D>& st = sm.stage[i % kStages];
+    const int k0 = key_tile_start(w, i);
+    if (k0 + kKeyTile <= w.len && (!p.causal || k0 + kKeyTile - 1 <= w.q0))
+      interior_tile(s, st, q_factor, row_pow, t, m, l, alpha);
+    else
+      masked_tile(s, st, q_factor, fold_bias, k0, w.len, p.causal, rows, row_valid, t, m, l, alpha);
+  };
+  auto wait_full = [&](int i) { barrier_wait(sm.full[i % kStages], (i / kStages) & 1); };
+  auto issue_s = [&](int i) {
+    rows_product<D, kKeyTile, kRowsLayout>(s, q_rows, sm.stage[i % kStages].k);
     wgmma_commit();
-    wgmma_wait_all();
+  };
+  auto issue_pv = [&](int i) {
+    register_product<D, kKeyTile, kVtLayout>(o_acc, pa, sm.stage[i % kStages].vt);
+    wgmma_commit();
+  };
+  // Every step's wgmma sequence is straight-line code (no branch between issue and wait), or the
+  // compiler serializes the products.
+  barrier_wait(sm.q_full, 0);
+  {  // step 0: S_0 alone
+    wait_full(0);
+    named_barrier_sync(my_turn, kTurnThreads);
+    wgmma_fence();
+    issue_s(0);
+    named_barrier_arrive(other_turn, kTurnThreads);
+    wgmma_wait<0>();
+    float alpha[2];
+    softmax(0, alpha);  // O is still 0: nothing to rescale
+    pack_p_operand(s, pa);
+  }
+  for (int i = 1; i < w.tiles; ++i) {
+    wait_full(i);
+    named_barrier_sync(my_turn, kTurnThreads);
+    wgmma_fence();
+    issue_s(i);
+    issue_pv(i - 1);
+    named_barrier_arrive(other_turn, kTurnThreads);
+    wgmma_wait<1>();  // S_i is done; P.V may still run
+    float alpha[2];
+    softmax(i, alpha);
+    wgmma_wait<0>();
     fence_accumulators(o_acc);
-    // Nobody reads the other stage until the next iteration's barrier.
-    if (kt > 0) store_key_scales(next_scales, c_exp, sm.stage[(i + 1) % 2]);
+    if (lane == 0) barrier_arrive(sm.empty[(i - 1) % kStages]);  // this warp is done with tile i-1
+    rescale_output(o_acc, alpha);
+    pack_p_operand(s, pa);
+  }
+  {  // last step: the last tile's P.V alone
+    named_barrier_sync(my_turn, kTurnThreads);
+    wgmma_fence();
+    issue_pv(w.tiles - 1);
+    if (consumer == 0) named_barrier_arrive(other_turn, kTurnThreads);
+    wgmma_wait<0>();
+    fence_accumulators(o_acc);
   }
 
   // Finish: full row sums across the 4 lanes of a row, then O and LSE.
@@ -334,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) forward_kernel(const For
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (!row_valid[r]) continue;
-    const int tok = doc_begin + rows[r];
+    const int tok = w.doc_begin + rows[r];
     // 2^(rho_i - boost) undoes the fold; / l normalizes.
     const float out_factor = fold_bias[r] == kNaNExponent ? pow2i(kNaNExponent) : pow2i(-fold_bias[r]);
     const float f = out_factor / l[r];
@@ -343,13 +392,70 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) forward_kernel(const For
   }
 }
 
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ ForwardArgs args) {
+  extern __shared__ uint8_t smem_raw[];
+  SharedTiles<D>& sm =
+      *reinterpret_cast<SharedTiles<D>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const ForwardParams& p = args.p;
+
+  DocumentTile tile;
+  if (!document_tile(p.cu_seqlens, p.num_docs, p.total_tokens, kQueryRows, blockIdx.x, tile)) return;
+  CtaWork w;
+  w.doc = tile.doc;
+  w.doc_begin = tile.span.begin;
+  w.doc_end = tile.span.end;
+  w.len = tile.span.len;
+  w.q0 = (tile.tiles - 1 - tile.tile) * kQueryRows;  // later (costlier, causal) tiles launch first
+  w.kvh = int(blockIdx.y) / (p.q_heads / p.kv_heads);
+  const int last_row = min(w.q0 + kQueryRows, w.len) - 1;
+  w.tiles = (p.causal ? last_row : w.len - 1) / kKeyTile + 1;
+  w.c_exp = scale_exponent(p.v_fold_ref[size_t(p.causal ? w.doc_begin + w.q0 : w.doc_end - 1) * p.kv_heads + w.kvh]);
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      barrier_init(sm.full[s], kProducerLanes);
+      barrier_init(sm.empty[s], 4 * kConsumers);  // one arrival per consumer warp
+    }
+    barrier_init(sm.q_full, 1);
+    barrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    release_registers<kProducerRegisters>();
+    if (threadIdx.x < 32) produce(args, w, sm);
+  } else {
+    claim_registers<kConsumerRegisters>();
+    consume(args, w, sm);
+  }
+}
+
 }  // namespace
 
 int launch_forward(const ForwardParams& p, void* stream) {
   return for_head_dim(p.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
-    return launch_over_tile_slots(forward_kernel<D>, p, sizeof(SharedTiles<D>), kThreads, kQueryRows, p.q_heads,
-                                  static_cast<cudaStream_t>(stream));
+    ForwardArgs args{};
+    args.p = p;
+    // Q and K rows of D bytes swizzled by D; V^T rows of kKeyTile = 128 bytes.
+    constexpr CUtensorMapSwizzle kRowsSwizzle = D == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+    static_assert(kKeyTile == 128, "V^T rows use the 128-byte swizzle");
+    const cuuint64_t q_dims[3] = {D, cuuint64_t(p.q_heads), cuuint64_t(p.total_tokens)};
+    const cuuint64_t q_strides[2] = {D, cuuint64_t(p.q_heads) * D};
+    const cuuint32_t q_box[3] = {D, 1, kQueryRows};
+    const cuuint64_t k_dims[3] = {D, cuuint64_t(p.kv_heads), cuuint64_t(p.total_tokens)};
+    const cuuint64_t k_strides[2] = {D, cuuint64_t(p.kv_heads) * D};
+    const cuuint32_t k_box[3] = {D, 1, kKeyTile};
+    const cuuint64_t vt_dims[2] = {cuuint64_t(p.vt_pitch), cuuint64_t(p.kv_heads) * D};
+    const cuuint64_t vt_strides[1] = {cuuint64_t(p.vt_pitch)};
+    const cuuint32_t vt_box[2] = {kKeyTile, D};
+    cudaError_t e = make_byte_tensor_map(args.q_map, p.q_codes, 3, q_dims, q_strides, q_box, kRowsSwizzle);
+    if (e == cudaSuccess) e = make_byte_tensor_map(args.k_map, p.k_codes, 3, k_dims, k_strides, k_box, kRowsSwizzle);
+    if (e == cudaSuccess)
+      e = make_byte_tensor_map(args.vt_map, p.v_codes_t, 2, vt_dims, vt_strides, vt_box, CU_TENSOR_MAP_SWIZZLE_128B);
+    if (e != cudaSuccess) return e;
+    return launch_over_tile_slots(forward_kernel<D>, args, kSharedBytes<D>, kThreads, p.total_tokens, p.num_docs,
+                                  kQueryRows, p.q_heads, static_cast<cudaStream_t>(stream));
   });
 }
 

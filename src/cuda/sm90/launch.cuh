@@ -11,14 +11,15 @@
 
 namespace flamia::cuda::sm90 {
 
-template <class Params>
-cudaError_t launch_over_tile_slots(void (*kernel)(Params), const Params& p, size_t smem_bytes, int threads,
-                                   int tile_tokens, int heads, cudaStream_t stream) {
+// The grid: slots::slot_count(total_tokens, num_docs, tile_tokens) x heads.
+template <class Args>
+cudaError_t launch_over_tile_slots(void (*kernel)(Args), const Args& args, size_t smem_bytes, int threads,
+                                   int total_tokens, int num_docs, int tile_tokens, int heads, cudaStream_t stream) {
   if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes));
       e != cudaSuccess)
     return e;
-  const dim3 grid(unsigned(slots::slot_count(p.total_tokens, p.num_docs, tile_tokens)), unsigned(heads));
-  kernel<<<grid, threads, smem_bytes, stream>>>(p);
+  const dim3 grid(unsigned(slots::slot_count(total_tokens, num_docs, tile_tokens)), unsigned(heads));
+  kernel<<<grid, threads, smem_bytes, stream>>>(args);
   return cudaGetLastError();
 }
 

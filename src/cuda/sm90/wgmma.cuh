@@ -1,11 +1,18 @@
 // Hopper warpgroup MMA (wgmma) for E4M3 operands: shared-memory descriptors and the few shapes the
 // attention kernels use. FP8 wgmma reads both operands K-major (the contraction axis contiguous).
 //
-// Shared-memory layout ("no swizzle"): a tile of R rows x K bytes is stored as 8-row x 16-byte core
-// matrices, each 128 contiguous bytes (row r of the core matrix at byte 16 r). Core matrix
-// (row group i, K chunk c) sits at byte i * row_group_stride + c * 128, so the descriptor's leading
-// byte offset (between K-adjacent core matrices) is 128 and its stride byte offset (between
-// 8-row groups) is row_group_stride. One k32 step spans two K chunks: advance the start by 256.
+// Shared-memory layouts of a tile of R rows x K bytes (both read K-major):
+//  - kCoreMatrix ("no swizzle"; tiles that cp.async fills, smem_stage.cuh): 8-row x 16-byte core
+//    matrices, each 128 contiguous bytes (row r of the core matrix at byte 16 r). Core matrix
+//    (row group i, K chunk c) sits at byte i * row_group_stride + c * 128, so the descriptor's
+//    leading byte offset (between K-adjacent core matrices) is 128 and its stride byte offset
+//    (between 8-row groups) is row_group_stride. One k32 step spans two K chunks: +256 bytes.
+//  - kSwizzle64B / kSwizzle128B (tiles that TMA fills, tma.cuh): rows of K = 64 / 128 bytes stored
+//    one after the other, the 16-byte chunks of row r XOR-permuted by r % 8 (what the TMA tensor
+//    map's swizzle mode writes and the descriptor's layout type tells wgmma to undo). An 8-row
+//    group is 8 K bytes (the stride byte offset); the tile must be aligned to it (base offset 0).
+//    One k32 step is the next 32 bytes of the row: +32 bytes, the swizzle applies to the address.
+// In both, the stride between 8-row groups of a tile with K-byte rows is 8 K.
 #pragma once
 
 #include <cstdint>
@@ -26,15 +33,31 @@ inline constexpr int kRowsFormStride = 8 * D;
 template <int kTokens>
 inline constexpr int kTransposedFormStride = 8 * kTokens;
 
+enum class SmemLayout { kCoreMatrix, kSwizzle64B, kSwizzle128B };
+// The swizzled layout of a tile with K-byte rows (64 or 128), as TMA writes it.
+template <int kRowBytes>
+inline constexpr SmemLayout kSwizzleFor = kRowBytes == 128 ? SmemLayout::kSwizzle128B : SmemLayout::kSwizzle64B;
+// Bytes to the next k32 step of a row.
+template <SmemLayout L>
+inline constexpr int kStepAdvance = L == SmemLayout::kCoreMatrix ? 2 * kCoreMatrixBytes : 32;
+
+template <SmemLayout L = SmemLayout::kCoreMatrix>
 __device__ __forceinline__ uint64_t smem_descriptor(const void* smem, int row_group_stride) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  // Layout type (bits 62-63): 0 none, 1 128-byte swizzle, 2 64-byte swizzle. The leading byte
+  // offset is unused by the swizzled K-major layouts (one step never leaves a row's swizzle span).
+  constexpr uint64_t type = L == SmemLayout::kSwizzle128B ? 1 : L == SmemLayout::kSwizzle64B ? 2 : 0;
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(kCoreMatrixBytes >> 4) << 16) |
-         (uint64_t((row_group_stride & 0x3FFFF) >> 4) << 32);  // base offset 0, no swizzle
+         (uint64_t((row_group_stride & 0x3FFFF) >> 4) << 32) | (type << 62);  // base offset 0
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most kPending of this warpgroup's committed groups are still running (groups
+// complete in the order they were committed).
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory"); }
 // wgmma writes its accumulators asynchronously, but the compiler sees them written when the
 // instruction is issued. After wgmma_wait_all(), this pins every accumulator register so that no
 // read of it can be scheduled before the wait.
@@ -129,23 +152,24 @@ __device__ __forceinline__ void wgmma_m64nNk32_rs(float (&d)[N / 2], const uint3
 //  - register_product: acc += A . B^T, A in registers (kTokens/32 k-steps packed from an
 //                      accumulator), B a transposed-form tile of kTokens tokens (P.V, U.K, P^T.dO,
 //                      U^T.Q).
-template <int D, int N>
+// Both tiles of a product share one shared-memory layout L.
+template <int D, int N, SmemLayout L = SmemLayout::kCoreMatrix>
 __device__ __forceinline__ void rows_product(float (&acc)[N / 2], const uint8_t* a, const uint8_t* b) {
   static_assert(N == 64 || N == 128, "S tiles of 64 or 128 columns");
 #pragma unroll
   for (int ks = 0; ks < D / 32; ++ks) {
-    const uint64_t desc_a = smem_descriptor(a + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>);
-    const uint64_t desc_b = smem_descriptor(b + ks * 2 * kCoreMatrixBytes, kRowsFormStride<D>);
+    const uint64_t desc_a = smem_descriptor<L>(a + ks * kStepAdvance<L>, kRowsFormStride<D>);
+    const uint64_t desc_b = smem_descriptor<L>(b + ks * kStepAdvance<L>, kRowsFormStride<D>);
     if constexpr (N == 128) wgmma_m64n128k32_ss(acc, desc_a, desc_b, ks > 0);
     else wgmma_m64n64k32_ss(acc, desc_a, desc_b, ks > 0);
   }
 }
-template <int N, int kTokens>
+template <int N, int kTokens, SmemLayout L = SmemLayout::kCoreMatrix>
 __device__ __forceinline__ void register_product(float (&acc)[N / 2], const uint32_t (&a)[kTokens / 32][4],
                                                  const uint8_t* bt) {
 #pragma unroll
   for (int kk = 0; kk < kTokens / 32; ++kk)
-    wgmma_m64nNk32_rs<N>(acc, a[kk], smem_descriptor(bt + kk * 2 * kCoreMatrixBytes, kTransposedFormStride<kTokens>));
+    wgmma_m64nNk32_rs<N>(acc, a[kk], smem_descriptor<L>(bt + kk * kStepAdvance<L>, kTransposedFormStride<kTokens>));
 }
 
 }  // namespace flamia::cuda::sm90

@@ -1,0 +1,89 @@
+// The device side of warp-specialized pipelines on Hopper: transaction barriers (mbarrier), TMA
+// tile loads into shared memory, register reallocation between warpgroups and the named barriers
+// that order two warpgroups' tensor-core work. Host-side tensor maps: tensor_map.h.
+//
+// The pattern (forward.cu): a producer warp waits for a stage to be empty, announces the bytes TMA
+// will bring (expect_tx), issues the loads and arrives on the stage's "full" barrier; consumers
+// wait on "full" with the stage's phase parity, compute, and arrive on "empty" once their reads
+// (tensor-core reads included: after wgmma_wait) are done.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap
+
+#include <cstdint>
+
+namespace flamia::cuda::sm90 {
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// --- mbarrier ---------------------------------------------------------------------------------
+__device__ __forceinline__ void barrier_init(uint64_t& bar, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(&bar)), "r"(arrivals) : "memory");
+}
+// Makes initialized barriers visible to the other threads and to the TMA unit; then __syncthreads.
+__device__ __forceinline__ void barrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void barrier_arrive(uint64_t& bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(&bar)) : "memory");
+}
+// Adds `bytes` to the transactions the current phase waits for (no arrival).
+__device__ __forceinline__ void barrier_expect_bytes(uint64_t& bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(&bar)), "r"(bytes)
+               : "memory");
+}
+// Waits until the phase with the given parity has completed. A fresh barrier is in phase 0, so
+// waiting for parity 1 returns at once (how producers treat initially empty stages).
+__device__ __forceinline__ void barrier_wait(uint64_t& bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_address(&bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// --- TMA --------------------------------------------------------------------------------------
+// Loads the box of `map` at the given coordinates (innermost first) into shared memory at dst
+// (aligned to the map's swizzle span); its bytes complete a transaction on `bar`. Elements outside
+// the tensor are zero-filled.
+__device__ __forceinline__ void tma_load(const CUtensorMap& map, void* dst, uint64_t& bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          smem_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(smem_address(&bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load(const CUtensorMap& map, void* dst, uint64_t& bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+      "[%2];\n" ::"r"(smem_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(smem_address(&bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// --- warpgroup registers and ordering ----------------------------------------------------------
+// Every thread of a warpgroup executes the same call: producers give registers back, consumers
+// take them (the counts are per thread, multiples of 8).
+template <int kRegisters>
+__device__ __forceinline__ void release_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void claim_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads: sync waits for all of
+// them, arrive counts this thread without waiting.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace flamia::cuda::sm90
