@@ -395,8 +395,8 @@ __device__ void consume(const ForwardArgs& args, const CtaWork& w, SharedTiles<D
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ ForwardArgs args) {
   extern __shared__ uint8_t smem_raw[];
-  SharedTiles<D>& sm =
-      *reinterpret_cast<SharedTiles<D>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // Offsetting the shared array itself (not a generic integer address) keeps its accesses LDS/STS.
+  SharedTiles<D>& sm = *reinterpret_cast<SharedTiles<D>*>(smem_raw + ((1024 - smem_address(smem_raw) % 1024) % 1024));
   const ForwardParams& p = args.p;
 
   DocumentTile tile;
