@@ -92,11 +92,42 @@ struct CtaWork {
 __device__ __forceinline__ int key_tile_start(const CtaWork& w, int i) { return (w.tiles - 1 - i) * kKeyTile; }
 
 // --- producer ----------------------------------------------------------------------------------
+// A key tile's scale bytes for the keys of one producer lane (lane + 32 j), loaded one tile ahead:
+// eight independent loads in flight at once rather than one dependent round trip per key.
+constexpr int kKeysPerLane = kKeyTile / 32;
+struct LaneScaleBytes {
+  uint8_t k[kKeysPerLane], v[kKeysPerLane];
+};
+__device__ __forceinline__ LaneScaleBytes load_lane_scales(const ForwardParams& p, const CtaWork& w, int k0, int lane) {
+  LaneScaleBytes b;
+#pragma unroll
+  for (int j = 0; j < kKeysPerLane; ++j) {
+    const size_t s = size_t(w.doc_begin + min(k0 + j * 32 + lane, w.len - 1)) * p.kv_heads + w.kvh;  // clamped
+    b.k[j] = __ldg(p.k_scales + s);
+    b.v[j] = __ldg(p.v_scales + s);
+  }
+  return b;
+}
+// The per-key factors of the softmax paths (keys past the document end: k_col 0, so masked).
+template <int D>
+__device__ __forceinline__ void store_lane_scales(const LaneScaleBytes& b, const CtaWork& w, int k0, int lane,
+                                                  KeyTileStage<D>& st) {
+#pragma unroll
+  for (int j = 0; j < kKeysPerLane; ++j) {
+    const int key = j * 32 + lane;
+    const bool in_doc = k0 + key < w.len;
+    st.k_col[key] = in_doc ? pow2_of_scale(b.k[j]) : 0.f;
+    st.v_scale[key] = in_doc ? b.v[j] : 0;
+    st.v_pow[key] = w.c_exp == kNaNExponent ? pow2i(kNaNExponent)
+                                            : pow2i(add_exponents(in_doc ? scale_exponent(b.v[j]) : 0, -w.c_exp));
+  }
+}
+
 // One warp: Q once, then per key tile i: wait until stage i % kStages is empty, TMA its K and V^T
-// codes (lane 0), and the per-key scale factors (lane = key mod 32), then every lane arrives on
-// "full". Keys past the document end load the next document's codes (or zeros past the tensor):
-// finite E4M3 codes (the quantizer never writes NaN codes) whose P is exactly 0, and columns of S
-// that the masked path drops.
+// codes (lane 0), store the per-key scale factors (lane = key mod 32; the bytes of tile i + 1 are
+// loaded meanwhile), then every lane arrives on "full". Keys past the document end load the next
+// document's codes (or zeros past the tensor): finite E4M3 codes (the quantizer never writes NaN
+// codes) whose P is exactly 0, and columns of S that the masked path drops.
 template <int D>
 __device__ void produce(const ForwardArgs& args, const CtaWork& w, SharedTiles<D>& sm) {
   const ForwardParams& p = args.p;
@@ -107,27 +138,19 @@ __device__ void produce(const ForwardArgs& args, const CtaWork& w, SharedTiles<D
     barrier_arrive(sm.q_full);
   }
   const int vt_doc_start = int(layout::transposed_document_start(w.doc_begin, w.doc));
+  LaneScaleBytes next = load_lane_scales(p, w, key_tile_start(w, 0), lane);
   for (int i = 0; i < w.tiles; ++i) {
     const int stage = i % kStages, k0 = key_tile_start(w, i);
     KeyTileStage<D>& st = sm.stage[stage];
+    const LaneScaleBytes bytes = next;
     barrier_wait(sm.empty[stage], ((i / kStages) & 1) ^ 1);
     if (lane == 0) {
       barrier_expect_bytes(sm.full[stage], 2 * kKeyTile * D);
       tma_load(args.k_map, st.k, sm.full[stage], 0, w.kvh, w.doc_begin + k0);
       tma_load(args.vt_map, st.vt, sm.full[stage], vt_doc_start + k0, w.kvh * D);
     }
-#pragma unroll
-    for (int j = 0; j < kKeyTile / 32; ++j) {
-      const int key = j * 32 + lane;
-      const bool in_doc = k0 + key < w.len;
-      const size_t s = size_t(w.doc_begin + min(k0 + key, w.len - 1)) * p.kv_heads + w.kvh;
-      const uint8_t k_code = p.k_scales[s], v_code = p.v_scales[s];
-      st.k_col[key] = in_doc ? pow2_of_scale(k_code) : 0.f;
-      st.v_scale[key] = in_doc ? v_code : 0;
-      st.v_pow[key] = w.c_exp == kNaNExponent
-                          ? pow2i(kNaNExponent)
-                          : pow2i(add_exponents(in_doc ? scale_exponent(v_code) : 0, -w.c_exp));
-    }
+    if (i + 1 < w.tiles) next = load_lane_scales(p, w, key_tile_start(w, i + 1), lane);
+    store_lane_scales(bytes, w, k0, lane, st);
     barrier_arrive(sm.full[stage]);
   }
 }
