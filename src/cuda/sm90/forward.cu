@@ -8,8 +8,8 @@
 // Stages pass between them through mbarriers (tma.cuh): "full" when the loads landed, "empty" when
 // both consumers are done. Each consumer overlaps its softmax with the tensor cores: in step i it
 // issues S_i = Q.K_i and O += P~_{i-1}.V_{i-1} together, and computes the softmax of S_i while
-// the second product runs (FA3's intra-warpgroup overlap); the two consumers take turns at issuing
-// (named barriers), so one's softmax runs while the other's products do (ping-pong).
+// the second product runs (FA3's intra-warpgroup overlap). The consumers run unsynchronized;
+// making them take turns at issuing (FA3's ping-pong, named barriers) measured no different.
 // It implements the emulation's numerics as docs/NUMERICS.md states them.
 //
 // Per key tile (128 keys, from the diagonal tile down, as the emulation):
@@ -51,8 +51,6 @@ static_assert(kQueryRows == tiling::kFwdQueryTile && tiling::kFwdKeyTile % kQuer
 // Registers per thread after the hand-over: 128 x 40 + 256 x 232 = 64512 of the SM's 65536.
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 constexpr int kProducerLanes = 32;  // the producer warp: all of it arrives on "full"
-// Named barriers 1 and 2: consumer c waits on 1 + c for its turn to issue products.
-constexpr int kTurnBarrier = 1;
 
 // One key tile's operands; stages of the ring are 1024-byte aligned, as the 128-byte swizzle of
 // the TMA-written tiles requires.
@@ -68,7 +66,8 @@ template <int D>
 struct SharedTiles {
   alignas(1024) uint8_t q[kQueryRows * D];
   KeyTileStage<D> stage[kStages];
-  uint64_t full[kStages], empty[kStages], q_full;
+  StageRing<kStages> ring;
+  uint64_t q_full;
 };
 // The dynamic shared memory's base is only 16-byte aligned: the kernel rounds it up.
 template <int D>
@@ -134,24 +133,25 @@ __device__ void produce(const ForwardArgs& args, const CtaWork& w, SharedTiles<D
   const int lane = int(threadIdx.x) % 32, h = blockIdx.y;
   if (lane == 0) {
     barrier_expect_bytes(sm.q_full, kQueryRows * D);
-    tma_load(args.q_map, sm.q, sm.q_full, 0, h, w.doc_begin + w.q0);
+    tma_load_rows(args.q_map, sm.q, sm.q_full, h, w.doc_begin + w.q0);
     barrier_arrive(sm.q_full);
   }
   const int vt_doc_start = int(layout::transposed_document_start(w.doc_begin, w.doc));
   LaneScaleBytes next = load_lane_scales(p, w, key_tile_start(w, 0), lane);
   for (int i = 0; i < w.tiles; ++i) {
-    const int stage = i % kStages, k0 = key_tile_start(w, i);
-    KeyTileStage<D>& st = sm.stage[stage];
+    const int k0 = key_tile_start(w, i);
+    KeyTileStage<D>& st = sm.stage[sm.ring.stage(i)];
     const LaneScaleBytes bytes = next;
-    barrier_wait(sm.empty[stage], ((i / kStages) & 1) ^ 1);
+    sm.ring.wait_empty(i);
     if (lane == 0) {
-      barrier_expect_bytes(sm.full[stage], 2 * kKeyTile * D);
-      tma_load(args.k_map, st.k, sm.full[stage], 0, w.kvh, w.doc_begin + k0);
-      tma_load(args.vt_map, st.vt, sm.full[stage], vt_doc_start + k0, w.kvh * D);
+      uint64_t& full = sm.ring.full_barrier(i);
+      barrier_expect_bytes(full, 2 * kKeyTile * D);
+      tma_load_rows(args.k_map, st.k, full, w.kvh, w.doc_begin + k0);
+      tma_load_transposed(args.vt_map, st.vt, full, w.kvh, D, vt_doc_start + k0);
     }
     if (i + 1 < w.tiles) next = load_lane_scales(p, w, key_tile_start(w, i + 1), lane);
     store_lane_scales(bytes, w, k0, lane, st);
-    barrier_arrive(sm.full[stage]);
+    sm.ring.arrive_full(i);
   }
 }
 
@@ -289,7 +289,7 @@ __device__ __forceinline__ void pack_p_operand(const float (&s)[kKeyTile / 2], u
 
 // --- consumers ---------------------------------------------------------------------------------
 // A warpgroup of 64 query rows. Step i (0..tiles) issues S_i = Q.K_i (i < tiles) and
-// O += P~_{i-1}.V_{i-1} (i > 0) in one turn, computes tile i's softmax while P.V runs, then, once
+// O += P~_{i-1}.V_{i-1} (i > 0) together, computes tile i's softmax while P.V runs, then, once
 // P.V is done, releases stage i-1, rescales O to the new running max and packs P~_i.
 template <int D>
 __device__ void consume(const ForwardArgs& args, const CtaWork& w, SharedTiles<D>& sm) {
@@ -330,13 +330,6 @@ __device__ void consume(const ForwardArgs& args, const CtaWork& w, SharedTiles<D
   const uint8_t* q_rows = sm.q + consumer * kWarpgroupRows * D;
   constexpr SmemLayout kRowsLayout = kSwizzleFor<D>, kVtLayout = kSwizzleFor<kKeyTile>;
 
-  // Turns: consumer c issues its step's products once the other has issued its previous step's
-  // (consumer 1's first arrival lets consumer 0 start; it skips its last, which nobody awaits).
-  // Both consumers run the same tiles + 1 steps.
-  const int my_turn = kTurnBarrier + consumer, other_turn = kTurnBarrier + 1 - consumer;
-  constexpr int kTurnThreads = 2 * 128;
-  if (consumer == 1) named_barrier_arrive(other_turn, kTurnThreads);
-
   // Tile i's softmax on S_i (waited for), leaving its P operand values in s and O's rescale
   // factors in alpha.
   auto softmax = [&](int i, float (&alpha)[2]) {
@@ -344,57 +337,50 @@ __device__ void consume(const ForwardArgs& args, const CtaWork& w, SharedTiles<D
     // A tile is interior when every key is visible to every row: inside the document and, causal,
     // at or before the CTA's first row. Only visible keys enter the running max, so it never
     // looks past a row.
-    const KeyTileStage<D>& st = sm.stage[i % kStages];
+    const KeyTileStage<D>& st = sm.stage[sm.ring.stage(i)];
     const int k0 = key_tile_start(w, i);
     if (k0 + kKeyTile <= w.len && (!p.causal || k0 + kKeyTile - 1 <= w.q0))
       interior_tile(s, st, q_factor, row_pow, t, m, l, alpha);
     else
       masked_tile(s, st, q_factor, fold_bias, k0, w.len, p.causal, rows, row_valid, t, m, l, alpha);
   };
-  auto wait_full = [&](int i) { barrier_wait(sm.full[i % kStages], (i / kStages) & 1); };
   auto issue_s = [&](int i) {
-    rows_product<D, kKeyTile, kRowsLayout>(s, q_rows, sm.stage[i % kStages].k);
+    rows_product<D, kKeyTile, kRowsLayout>(s, q_rows, sm.stage[sm.ring.stage(i)].k);
     wgmma_commit();
   };
   auto issue_pv = [&](int i) {
-    register_product<D, kKeyTile, kVtLayout>(o_acc, pa, sm.stage[i % kStages].vt);
+    register_product<D, kKeyTile, kVtLayout>(o_acc, pa, sm.stage[sm.ring.stage(i)].vt);
     wgmma_commit();
   };
   // Every step's wgmma sequence is straight-line code (no branch between issue and wait), or the
   // compiler serializes the products.
   barrier_wait(sm.q_full, 0);
   {  // step 0: S_0 alone
-    wait_full(0);
-    named_barrier_sync(my_turn, kTurnThreads);
+    sm.ring.wait_full(0);
     wgmma_fence();
     issue_s(0);
-    named_barrier_arrive(other_turn, kTurnThreads);
     wgmma_wait<0>();
     float alpha[2];
     softmax(0, alpha);  // O is still 0: nothing to rescale
     pack_p_operand(s, pa);
   }
   for (int i = 1; i < w.tiles; ++i) {
-    wait_full(i);
-    named_barrier_sync(my_turn, kTurnThreads);
+    sm.ring.wait_full(i);
     wgmma_fence();
     issue_s(i);
     issue_pv(i - 1);
-    named_barrier_arrive(other_turn, kTurnThreads);
     wgmma_wait<1>();  // S_i is done; P.V may still run
     float alpha[2];
     softmax(i, alpha);
     wgmma_wait<0>();
     fence_accumulators(o_acc);
-    if (lane == 0) barrier_arrive(sm.empty[(i - 1) % kStages]);  // this warp is done with tile i-1
+    if (lane == 0) sm.ring.arrive_empty(i - 1);  // this warp is done with tile i-1
     rescale_output(o_acc, alpha);
     pack_p_operand(s, pa);
   }
   {  // last step: the last tile's P.V alone
-    named_barrier_sync(my_turn, kTurnThreads);
     wgmma_fence();
     issue_pv(w.tiles - 1);
-    if (consumer == 0) named_barrier_arrive(other_turn, kTurnThreads);
     wgmma_wait<0>();
     fence_accumulators(o_acc);
   }
@@ -436,10 +422,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   w.c_exp = scale_exponent(p.v_fold_ref[size_t(p.causal ? w.doc_begin + w.q0 : w.doc_end - 1) * p.kv_heads + w.kvh]);
 
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      barrier_init(sm.full[s], kProducerLanes);
-      barrier_init(sm.empty[s], 4 * kConsumers);  // one arrival per consumer warp
-    }
+    sm.ring.init(kProducerLanes, 4 * kConsumers);  // consumers: one arrival per warp
     barrier_init(sm.q_full, 1);
     barrier_init_fence();
   }
@@ -460,22 +443,9 @@ int launch_forward(const ForwardParams& p, void* stream) {
     constexpr int D = decltype(d)::value;
     ForwardArgs args{};
     args.p = p;
-    // Q and K rows of D bytes swizzled by D; V^T rows of kKeyTile = 128 bytes.
-    constexpr CUtensorMapSwizzle kRowsSwizzle = D == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
-    static_assert(kKeyTile == 128, "V^T rows use the 128-byte swizzle");
-    const cuuint64_t q_dims[3] = {D, cuuint64_t(p.q_heads), cuuint64_t(p.total_tokens)};
-    const cuuint64_t q_strides[2] = {D, cuuint64_t(p.q_heads) * D};
-    const cuuint32_t q_box[3] = {D, 1, kQueryRows};
-    const cuuint64_t k_dims[3] = {D, cuuint64_t(p.kv_heads), cuuint64_t(p.total_tokens)};
-    const cuuint64_t k_strides[2] = {D, cuuint64_t(p.kv_heads) * D};
-    const cuuint32_t k_box[3] = {D, 1, kKeyTile};
-    const cuuint64_t vt_dims[2] = {cuuint64_t(p.vt_pitch), cuuint64_t(p.kv_heads) * D};
-    const cuuint64_t vt_strides[1] = {cuuint64_t(p.vt_pitch)};
-    const cuuint32_t vt_box[2] = {kKeyTile, D};
-    cudaError_t e = make_byte_tensor_map(args.q_map, p.q_codes, 3, q_dims, q_strides, q_box, kRowsSwizzle);
-    if (e == cudaSuccess) e = make_byte_tensor_map(args.k_map, p.k_codes, 3, k_dims, k_strides, k_box, kRowsSwizzle);
-    if (e == cudaSuccess)
-      e = make_byte_tensor_map(args.vt_map, p.v_codes_t, 2, vt_dims, vt_strides, vt_box, CU_TENSOR_MAP_SWIZZLE_128B);
+    cudaError_t e = rows_form_map(args.q_map, p.q_codes, p.total_tokens, p.q_heads, D, kQueryRows);
+    if (e == cudaSuccess) e = rows_form_map(args.k_map, p.k_codes, p.total_tokens, p.kv_heads, D, kKeyTile);
+    if (e == cudaSuccess) e = transposed_form_map(args.vt_map, p.v_codes_t, p.vt_pitch, p.kv_heads, D, kKeyTile);
     if (e != cudaSuccess) return e;
     return launch_over_tile_slots(forward_kernel<D>, args, kSharedBytes<D>, kThreads, p.total_tokens, p.num_docs,
                                   kQueryRows, p.q_heads, static_cast<cudaStream_t>(stream));

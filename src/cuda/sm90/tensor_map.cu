@@ -32,4 +32,28 @@ cudaError_t make_byte_tensor_map(CUtensorMap& map, const void* base, int rank, c
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+namespace {
+// The swizzle whose span is a whole row of the tile (64 or 128 bytes).
+CUtensorMapSwizzle swizzle_for_row(int row_bytes) {
+  return row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+}
+}  // namespace
+
+cudaError_t rows_form_map(CUtensorMap& map, const uint8_t* codes, int tokens, int heads, int dim, int box_rows) {
+  if (dim != 64 && dim != 128) return cudaErrorInvalidValue;
+  const cuuint64_t dims[3] = {cuuint64_t(dim), cuuint64_t(heads), cuuint64_t(tokens)};
+  const cuuint64_t strides[2] = {cuuint64_t(dim), cuuint64_t(heads) * dim};
+  const cuuint32_t box[3] = {cuuint32_t(dim), 1, cuuint32_t(box_rows)};
+  return make_byte_tensor_map(map, codes, 3, dims, strides, box, swizzle_for_row(dim));
+}
+
+cudaError_t transposed_form_map(CUtensorMap& map, const uint8_t* codes_t, int64_t pitch, int heads, int dim,
+                                int box_tokens) {
+  if (box_tokens != 64 && box_tokens != 128) return cudaErrorInvalidValue;
+  const cuuint64_t dims[2] = {cuuint64_t(pitch), cuuint64_t(heads) * dim};
+  const cuuint64_t strides[1] = {cuuint64_t(pitch)};
+  const cuuint32_t box[2] = {cuuint32_t(box_tokens), cuuint32_t(dim)};
+  return make_byte_tensor_map(map, codes_t, 2, dims, strides, box, swizzle_for_row(box_tokens));
+}
+
 }  // namespace flamia::cuda::sm90

@@ -18,4 +18,14 @@ namespace flamia::cuda::sm90 {
 cudaError_t make_byte_tensor_map(CUtensorMap& map, const void* base, int rank, const cuuint64_t* dims,
                                  const cuuint64_t* strides, const cuuint32_t* box, CUtensorMapSwizzle swizzle);
 
+// The two layouts of E4M3 codes (core/operand_layout.h), as tiles for wgmma.cuh's swizzled
+// layouts (a row of 64 or 128 bytes, swizzled over its length):
+//  - rows form, codes [tokens, heads, dim]: a box of box_rows tokens x the dim features of one
+//    head, loaded at coordinates {0, head, token};
+//  - transposed form, codes [heads * dim, pitch]: a box of the dim feature rows of one head x
+//    box_tokens token slots, loaded at coordinates {slot, head * dim}.
+cudaError_t rows_form_map(CUtensorMap& map, const uint8_t* codes, int tokens, int heads, int dim, int box_rows);
+cudaError_t transposed_form_map(CUtensorMap& map, const uint8_t* codes_t, int64_t pitch, int heads, int dim,
+                                int box_tokens);
+
 }  // namespace flamia::cuda::sm90

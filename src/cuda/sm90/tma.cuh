@@ -1,6 +1,6 @@
 // The device side of warp-specialized pipelines on Hopper: transaction barriers (mbarrier), TMA
-// tile loads into shared memory, register reallocation between warpgroups and the named barriers
-// that order two warpgroups' tensor-core work. Host-side tensor maps: tensor_map.h.
+// tile loads into shared memory, a ring of stages, and register reallocation between warpgroups.
+// Host-side tensor maps: tensor_map.h.
 //
 // The pattern (forward.cu): a producer warp waits for a stage to be empty, announces the bytes TMA
 // will bring (expect_tx), issues the loads and arrives on the stage's "full" barrier; consumers
@@ -66,7 +66,41 @@ __device__ __forceinline__ void tma_load(const CUtensorMap& map, void* dst, uint
       : "memory");
 }
 
-// --- warpgroup registers and ordering ----------------------------------------------------------
+// The tiles of tensor_map.h's two code layouts (its coordinate conventions).
+__device__ __forceinline__ void tma_load_rows(const CUtensorMap& map, void* dst, uint64_t& bar, int head, int token) {
+  tma_load(map, dst, bar, 0, head, token);
+}
+__device__ __forceinline__ void tma_load_transposed(const CUtensorMap& map, void* dst, uint64_t& bar, int head, int dim,
+                                                    int slot) {
+  tma_load(map, dst, bar, slot, head * dim);
+}
+
+// --- a ring of stages ---------------------------------------------------------------------------
+// The barriers of a ring of kStages shared-memory stages that one producer fills and consumers
+// drain in order: use i (0, 1, 2, ...) of the ring sits in stage i % kStages, in round
+// i / kStages, whose parity is the phase both barriers wait for.
+template <int kStages>
+struct StageRing {
+  uint64_t full[kStages], empty[kStages];
+
+  // By one thread, before the CTA's barrier_init_fence and __syncthreads.
+  __device__ __forceinline__ void init(int producer_arrivals, int consumer_arrivals) {
+    for (int s = 0; s < kStages; ++s) {
+      barrier_init(full[s], producer_arrivals);
+      barrier_init(empty[s], consumer_arrivals);
+    }
+  }
+  __device__ __forceinline__ static int stage(int i) { return i % kStages; }
+  __device__ __forceinline__ uint64_t& full_barrier(int i) { return full[i % kStages]; }
+  // Producer: stage of use i is free (round 0 passes at once: fresh barriers, parity 1).
+  __device__ __forceinline__ void wait_empty(int i) { barrier_wait(empty[i % kStages], ((i / kStages) & 1) ^ 1); }
+  __device__ __forceinline__ void arrive_full(int i) { barrier_arrive(full[i % kStages]); }
+  // Consumers: use i has landed; they are done with it.
+  __device__ __forceinline__ void wait_full(int i) { barrier_wait(full[i % kStages], (i / kStages) & 1); }
+  __device__ __forceinline__ void arrive_empty(int i) { barrier_arrive(empty[i % kStages]); }
+};
+
+// --- warpgroup registers -----------------------------------------------------------------------
 // Every thread of a warpgroup executes the same call: producers give registers back, consumers
 // take them (the counts are per thread, multiples of 8).
 template <int kRegisters>
@@ -76,14 +110,6 @@ __device__ __forceinline__ void release_registers() {
 template <int kRegisters>
 __device__ __forceinline__ void claim_registers() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
-}
-// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads: sync waits for all of
-// them, arrive counts this thread without waiting.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 }  // namespace flamia::cuda::sm90
