@@ -1,15 +1,16 @@
-// Backward pass 3: dQ. One CTA of two warpgroups per (document, 128-query tile, query head) owns
-// those rows' dQ (64 rows per warpgroup, sharing every key tile in shared memory) and walks the
-// 128-key tiles (counted from the document start, tiling::kBwdKeyTile) that its rows see. Per key
-// tile:
+// Backward pass 3: dQ. One CTA per (document tile slot of 128 queries, query head) owns those rows'
+// dQ and walks the 128-key tiles (counted from the document start, tiling::kBwdKeyTile) that its
+// rows see. Per key tile:
 //   S = Q codes . K codes^T,  p_ij = 2^(S_ij 2^(eq_i + ek_j) scale log2(e) - LSE_i log2(e))
 //   E = dO codes . V codes^T, E_ij = E_ij 2^(eg_i + ev_j),  U_ij = p_ij (E_ij - D_i)
 //   dQ_i += 2^sigma_i sum_j E4M3(U_ij 2^(ek_j - sigma_i)) ck_j,  sigma_i: ceil scale of max_j |U_ij 2^ek_j|
 // one sigma per (row, key tile), as the emulation defines it; dQ is scaled by the softmax scale at
 // the end. A row reads only its visible keys, and its sum runs in a fixed order: dQ_i is
 // deterministic and, in prefix mode, independent of everything after i.
-// Key tiles are double-buffered cp.async copies (K rows, V rows, and K^T from the quantizer's
-// transposed layout); the next tile's copies and scales are in flight while one is computed.
+// Warp-specialized like the forward (forward.cu, tma.cuh): warpgroup 0's producer warp loads the
+// CTA's Q and dO rows once and each key tile's K rows, V rows and K^T (the quantizer's transposed
+// layout) by TMA into a ring of stages, with the keys' scale factors; warpgroups 1 and 2 (64 rows
+// each) compute, each at its own pace.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -17,30 +18,36 @@
 
 #include "core/operand_layout.h"
 #include "core/tiling.h"
+#include "cuda/document_span.cuh"
 #include "cuda/sm90/accumulator.cuh"
 #include "cuda/sm90/backward.h"
-#include "cuda/document_span.cuh"
 #include "cuda/sm90/fp8_math.cuh"
+#include "cuda/sm90/key_scales.cuh"
 #include "cuda/sm90/launch.cuh"
-#include "cuda/sm90/smem_stage.cuh"
+#include "cuda/sm90/tensor_map.h"
+#include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
 #include "formats/scales.h"
 
 namespace flamia::cuda::sm90 {
 namespace {
 
-constexpr int kWarpgroups = 2;                 // both read each key tile: half the L2 traffic of one
-constexpr int kThreads = 128 * kWarpgroups;
+constexpr int kConsumers = 2;                  // consumer warpgroups
+constexpr int kThreads = 128 * (1 + kConsumers);  // warpgroup 0 produces
 constexpr int kWarpgroupRows = 64;             // the m64 of every product
-constexpr int kQueryRows = kWarpgroupRows * kWarpgroups;  // rows per CTA
+constexpr int kQueryRows = kWarpgroupRows * kConsumers;  // rows per CTA
 constexpr int kKeyTile = tiling::kBwdKeyTile;  // keys per step: sigma's group
+constexpr int kStages = 3;
 static_assert(kKeyTile == 128, "S is one m64n128 product per k-step");
 static_assert(kKeyTile % kQueryRows == 0, "a CTA's rows share their diagonal key tile");
-static_assert(kThreads >= kKeyTile, "one thread loads each key's scales");
+// Registers per thread after the hand-over: 128 x 24 + 256 x 240 = 64512 of the SM's 65536 (the
+// consumers hold S, E and dQ: 232 spilled).
+constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+constexpr int kProducerLanes = 32;
 
-// One key tile's codes and scales: the double buffer holds two.
+// One key tile's codes and scales (1024-byte aligned for the 128-byte swizzle).
 template <int D>
-struct DqKeyStage {
+struct alignas(1024) DqKeyStage {
   uint8_t k[kKeyTile * D];   // rows form (B of S)
   uint8_t v[kKeyTile * D];   // rows form (B of E)
   uint8_t kt[D * kKeyTile];  // transposed form, keys permuted (B of dQ)
@@ -49,37 +56,22 @@ struct DqKeyStage {
 };
 template <int D>
 struct DqShared {
-  uint8_t q[kQueryRows * D];  // rows form (A of S)
-  uint8_t g[kQueryRows * D];  // rows form (A of E)
-  DqKeyStage<D> stage[2];
+  alignas(1024) uint8_t q[kQueryRows * D];  // rows form (A of S)
+  alignas(1024) uint8_t g[kQueryRows * D];  // rows form (A of E)
+  DqKeyStage<D> stage[kStages];
+  StageRing<kStages> ring;
+  uint64_t rows_full;  // Q and dO rows landed
 };
-static_assert(sizeof(DqShared<128>) + 1024 <= 228 * 1024, "a CTA must fit in shared memory");
+template <int D>
+constexpr size_t kDqSharedBytes = sizeof(DqShared<D>) + 1024;  // + the alignment of the dynamic base
+static_assert(kDqSharedBytes<128> <= 227 * 1024, "a CTA must fit in shared memory");
 
-// Key k0 + threadIdx.x's scale codes (clamped into the document: masked keys' values are unused;
-// threads past the tile load nothing).
-struct KeyScaleCodes {
-  uint8_t k, v;
+struct DqArgs {
+  BackwardParams p;
+  CUtensorMap q_map, g_map;  // rows form, box kQueryRows
+  CUtensorMap k_map, v_map;  // rows form, box kKeyTile
+  CUtensorMap kt_map;        // transposed form, box kKeyTile
 };
-__device__ __forceinline__ KeyScaleCodes load_key_scales(const BackwardParams& p, const DocumentSpan& d, int kvh, int k0) {
-  if (threadIdx.x >= kKeyTile) return {};
-  const int64_t s = int64_t(d.begin + min(k0 + int(threadIdx.x), d.len - 1)) * p.kv_heads + kvh;
-  return {p.k_scales[s], p.v_scales[s]};
-}
-template <int D>
-__device__ __forceinline__ void store_key_scales(const KeyScaleCodes& c, DqKeyStage<D>& st) {
-  if (threadIdx.x >= kKeyTile) return;
-  st.k_pow[threadIdx.x] = pow2_of_scale(c.k);
-  st.v_pow[threadIdx.x] = pow2_of_scale(c.v);
-}
-
-template <int D>
-__device__ __forceinline__ void copy_key_tile_async(const BackwardParams& p, const DocumentSpan& d, int64_t kt_doc_row,
-                                                    int kvh, int k0, DqKeyStage<D>& st) {
-  const int64_t kv_pitch = int64_t(p.kv_heads) * D, kv_offset = (int64_t(d.begin + k0) * p.kv_heads + kvh) * D;
-  copy_tile_async<kKeyTile, D, kThreads>(p.k_codes + kv_offset, kv_pitch, d.len - k0, D, st.k);
-  copy_tile_async<kKeyTile, D, kThreads>(p.v_codes + kv_offset, kv_pitch, d.len - k0, D, st.v);
-  copy_tile_async<D, kKeyTile, kThreads>(p.k_codes_t + kt_doc_row + k0, p.t_pitch, D, d.len - k0, st.kt);
-}
 
 // Per-row constants of the U computation.
 struct DqRows {
@@ -89,24 +81,29 @@ struct DqRows {
   float delta[2];     // D_i
 };
 
-// A masked tile (keys some row must not see), element by element as the emulation states it:
-// s becomes U_ij 2^ek_j on visible pairs, 0 elsewhere; amax its row max of |.|.
+// A masked tile (keys some row must not see): the interior tile's arithmetic (below) on visible
+// pairs, U = 0 elsewhere, with the NaN-propagating row max. s becomes U_ij 2^ek_j, amax its row
+// max of |.|.
 template <int D>
 __device__ __forceinline__ void masked_u(float (&s)[kKeyTile / 2], const float (&e)[kKeyTile / 2], const DqKeyStage<D>& st,
                                          const DqRows& rw, const int (&rows)[2], const DocumentSpan& d, int k0,
                                          bool causal, int t, float (&amax)[2]) {
+  const float neg_lse2[2] = {-rw.lse2[0], -rw.lse2[1]};
+  int key_end[2];  // row r sees the keys before key_end[r] (document positions)
+  for (int r = 0; r < 2; ++r) key_end[r] = rows[r] >= d.len ? 0 : causal ? rows[r] + 1 : d.len;
 #pragma unroll
-  for (int x = 0; x < kKeyTile / 2; ++x) {
-    const int r = (x >> 1) & 1, j = (x >> 2) * 8 + 2 * t + (x & 1), key = k0 + j;
-    const bool visible = rows[r] < d.len && key < d.len && (!causal || key <= rows[r]);
-    float w = 0.f;
-    if (visible) {
-      const float pij = exp2f(s[x] * rw.q_factor[r] * st.k_pow[j] - rw.lse2[r]);
-      const float eij = e[x] * rw.g_pow[r] * st.v_pow[j];
-      w = pij * (eij - rw.delta[r]) * st.k_pow[j];
+  for (int nb = 0; nb < kKeyTile / 8; ++nb) {
+    const float2 kp = *reinterpret_cast<const float2*>(st.k_pow + nb * 8 + 2 * t);
+    const float2 vp = *reinterpret_cast<const float2*>(st.v_pow + nb * 8 + 2 * t);
+#pragma unroll
+    for (int el = 0; el < 4; ++el) {
+      const int r = el >> 1, x = nb * 4 + el, key = k0 + nb * 8 + 2 * t + (el & 1);
+      const float k_pow = (el & 1) ? kp.y : kp.x, v_pow = (el & 1) ? vp.y : vp.x;
+      const float pij = exp2_ftz(fmaf(s[x] * k_pow, rw.q_factor[r], neg_lse2[r]));
+      const float w = pij * (e[x] * v_pow * rw.g_pow[r] - rw.delta[r]) * k_pow;
+      s[x] = key < key_end[r] ? w : 0.f;
+      amax[r] = nan_max(amax[r], fabsf(s[x]));
     }
-    s[x] = w;
-    amax[r] = nan_max(amax[r], fabsf(w));
   }
 }
 
@@ -139,22 +136,68 @@ __device__ __forceinline__ void interior_u(float (&s)[kKeyTile / 2], const float
   for (int r = 0; r < 2; ++r) amax[r] = fmaxf(part_max[r][0], part_max[r][1]);
 }
 
+// What both the producer and the consumers know about the CTA's work.
+struct DqWork {
+  DocumentSpan d;
+  int doc, q0, kvh;
+  int tiles;  // key tiles 0 .. tiles-1, from the document start
+};
+
+// --- producer ----------------------------------------------------------------------------------
+// One warp: the Q and dO rows once, then per key tile: wait for an empty stage, TMA its K, V and
+// K^T codes (lane 0), store its keys' scale factors (the next tile's bytes are loaded meanwhile)
+// and arrive on "full". Keys past the document end load the next document's codes (or zeros past
+// the tensor): finite E4M3 codes (the quantizer never writes NaN codes) that meet an exact-zero U
+// in dQ = U.K, and columns of S and E that the masked path drops.
 template <int D>
-__global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardParams p) {
-  extern __shared__ __align__(128) uint8_t smem_bytes[];
-  auto& sm = *reinterpret_cast<DqShared<D>*>(smem_bytes);
+__device__ __forceinline__ void produce(const DqArgs& args, const DqWork& w, DqShared<D>& sm) {
+  const BackwardParams& p = args.p;
+  const int lane = int(threadIdx.x) % 32, h = blockIdx.y;
+  if (lane == 0) {
+    barrier_expect_bytes(sm.rows_full, 2 * kQueryRows * D);
+    tma_load_rows(args.q_map, sm.q, sm.rows_full, h, w.d.begin + w.q0);
+    tma_load_rows(args.g_map, sm.g, sm.rows_full, h, w.d.begin + w.q0);
+    barrier_arrive(sm.rows_full);
+  }
+  const int kt_doc_start = int(layout::transposed_document_start(w.d.begin, w.doc));
+  auto load_scales = [&](int i) {
+    return load_lane_scale_bytes<kKeyTile>(p.k_scales, p.v_scales, p.kv_heads, w.kvh, w.d.begin, w.d.len,
+                                           i * kKeyTile, lane);
+  };
+  LaneScaleBytes<kKeyTile> next = load_scales(0);
+  for (int i = 0; i < w.tiles; ++i) {
+    const int k0 = i * kKeyTile;
+    DqKeyStage<D>& st = sm.stage[sm.ring.stage(i)];
+    const LaneScaleBytes<kKeyTile> bytes = next;
+    sm.ring.wait_empty(i);
+    if (lane == 0) {
+      uint64_t& full = sm.ring.full_barrier(i);
+      barrier_expect_bytes(full, 3 * kKeyTile * D);
+      tma_load_rows(args.k_map, st.k, full, w.kvh, w.d.begin + k0);
+      tma_load_rows(args.v_map, st.v, full, w.kvh, w.d.begin + k0);
+      tma_load_transposed(args.kt_map, st.kt, full, w.kvh, D, kt_doc_start + k0);
+    }
+    if (i + 1 < w.tiles) next = load_scales(i + 1);
+#pragma unroll
+    for (int j = 0; j < LaneScaleBytes<kKeyTile>::kKeysPerLane; ++j) {
+      st.k_pow[j * 32 + lane] = pow2_of_scale(bytes.k_byte(j));
+      st.v_pow[j * 32 + lane] = pow2_of_scale(bytes.v_byte(j));
+    }
+    sm.ring.arrive_full(i);
+  }
+}
+
+// --- consumers ---------------------------------------------------------------------------------
+// A warpgroup of 64 query rows; per key tile: S and E, U (into s), sigma, dQ_tile = U~.K, then
+// the stage is released and dQ_tile added at 2^sigma.
+template <int D>
+__device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, DqShared<D>& sm) {
   constexpr float kLog2e = 1.4426950408889634f;
-
-  const int h = blockIdx.y;
-  DocumentTile work;
-  if (!document_tile(p.cu_seqlens, p.num_docs, p.total_tokens, kQueryRows, blockIdx.x, work)) return;
-  const int doc = work.doc;
-  const DocumentSpan d = work.span;
-  const int q0 = (work.tiles - 1 - work.tile) * kQueryRows;  // later (costlier, causal) tiles launch first
-  const int kvh = h / (p.q_heads / p.kv_heads);
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  const BackwardParams& p = args.p;
+  const DocumentSpan& d = w.d;
+  const int consumer = int(threadIdx.x) / 128 - 1, warp = int(threadIdx.x) / 32 - 4;
+  const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4, h = blockIdx.y;
+  const int rows[2] = {w.q0 + warp * 16 + g, w.q0 + warp * 16 + g + 8};
   const float scale_log2e = p.softmax_scale * kLog2e;
   DqRows rw;
   for (int r = 0; r < 2; ++r) {
@@ -165,40 +208,25 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardPar
     rw.lse2[r] = p.lse[int64_t(h) * p.total_tokens + token] * kLog2e;
     rw.delta[r] = p.delta[int64_t(h) * p.total_tokens + token];
   }
-
-  // Prologue: the CTA's Q and dO rows (once) and key tile 0; tile i of the loop uses stage i % 2.
-  const int64_t q_offset = (int64_t(d.begin + q0) * p.q_heads + h) * D, q_pitch = int64_t(p.q_heads) * D;
-  const int64_t kt_doc_row = int64_t(kvh) * D * p.t_pitch + layout::transposed_document_start(d.begin, doc);
-  copy_tile_async<kQueryRows, D, kThreads>(p.q_codes + q_offset, q_pitch, d.len - q0, D, sm.q);
-  copy_tile_async<kQueryRows, D, kThreads>(p.g_codes + q_offset, q_pitch, d.len - q0, D, sm.g);
-  copy_key_tile_async(p, d, kt_doc_row, kvh, 0, sm.stage[0]);
-  cp_async_commit();
-  store_key_scales(load_key_scales(p, d, kvh, 0), sm.stage[0]);
+  constexpr SmemLayout kRowsLayout = kSwizzleFor<D>, kKtLayout = kSwizzleFor<kKeyTile>;
+  const uint8_t* q_rows = sm.q + consumer * kWarpgroupRows * D;
+  const uint8_t* g_rows = sm.g + consumer * kWarpgroupRows * D;
 
   float dq_acc[D / 2];
   zero(dq_acc);
-  const int last_key = p.causal ? min(q0 + kQueryRows, d.len) - 1 : d.len - 1;
-  for (int k0 = 0, i = 0; k0 <= last_key; k0 += kKeyTile, ++i) {
-    const DqKeyStage<D>& st = sm.stage[i % 2];
-    cp_async_wait_all();
-    fence_smem_for_async_proxy();  // the copies are generic-proxy writes; wgmma reads via the async proxy
-    __syncthreads();  // tile i and its scales are in shared memory; the other stage is free
-    const bool has_next = k0 + kKeyTile <= last_key;
-    KeyScaleCodes next_scales{};
-    if (has_next) {
-      copy_key_tile_async(p, d, kt_doc_row, kvh, k0 + kKeyTile, sm.stage[(i + 1) % 2]);
-      cp_async_commit();
-      next_scales = load_key_scales(p, d, kvh, k0 + kKeyTile);
-    }
+  barrier_wait(sm.rows_full, 0);
+  for (int i = 0; i < w.tiles; ++i) {
+    const int k0 = i * kKeyTile;
+    const DqKeyStage<D>& st = sm.stage[sm.ring.stage(i)];
+    sm.ring.wait_full(i);
 
     // S = Q . K^T and E = dO . V^T: 64 queries x 128 keys each, D/32 k-steps.
     float s[kKeyTile / 2], e[kKeyTile / 2];
     wgmma_fence();
-    const int wg_row = threadIdx.x / 128 * kWarpgroupRows;  // this warpgroup's first row in the tile
-    rows_product<D, kKeyTile>(s, sm.q + wg_row * D, st.k);
-    rows_product<D, kKeyTile>(e, sm.g + wg_row * D, st.v);
+    rows_product<D, kKeyTile, kRowsLayout>(s, q_rows, st.k);
+    rows_product<D, kKeyTile, kRowsLayout>(e, g_rows, st.v);
     wgmma_commit();
-    wgmma_wait_all();
+    wgmma_wait<0>();
     fence_accumulators(s);
     fence_accumulators(e);
 
@@ -206,7 +234,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardPar
     // row (inside the document and, causal, at or before the CTA's first row; rows past the
     // document end compute values that are never stored, and rows do not mix in dQ = U.K).
     float amax[2] = {0.f, 0.f};
-    const bool interior = k0 + kKeyTile <= d.len && (!p.causal || k0 + kKeyTile - 1 <= q0);
+    const bool interior = k0 + kKeyTile <= d.len && (!p.causal || k0 + kKeyTile - 1 <= w.q0);
     if (interior) {
       interior_u(s, e, st, rw, t, amax);
     } else {
@@ -233,13 +261,12 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardPar
     float dq_tile[D / 2];
     zero(dq_tile);
     wgmma_fence();
-    register_product<D, kKeyTile>(dq_tile, ua, st.kt);
+    register_product<D, kKeyTile, kKtLayout>(dq_tile, ua, st.kt);
     wgmma_commit();
-    wgmma_wait_all();
+    wgmma_wait<0>();
     fence_accumulators(dq_tile);
+    if (lane == 0) sm.ring.arrive_empty(i);  // this warp is done with the tile
     add_scaled_rows(dq_acc, dq_tile, sigma_pow);
-    // Nobody reads the other stage until the next step's barrier.
-    if (has_next) store_key_scales(next_scales, sm.stage[(i + 1) % 2]);
   }
 
   auto* dq = static_cast<__nv_bfloat16*>(p.dq);
@@ -250,13 +277,53 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const BackwardPar
   }
 }
 
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1) backward_dq_kernel(const __grid_constant__ DqArgs args) {
+  extern __shared__ uint8_t smem_raw[];
+  // Offsetting the shared array itself (not a generic integer address) keeps its accesses LDS/STS.
+  DqShared<D>& sm = *reinterpret_cast<DqShared<D>*>(smem_raw + ((1024 - smem_address(smem_raw) % 1024) % 1024));
+  const BackwardParams& p = args.p;
+
+  DocumentTile tile;
+  if (!document_tile(p.cu_seqlens, p.num_docs, p.total_tokens, kQueryRows, blockIdx.x, tile)) return;
+  DqWork w;
+  w.d = tile.span;
+  w.doc = tile.doc;
+  w.q0 = (tile.tiles - 1 - tile.tile) * kQueryRows;  // later (costlier, causal) tiles launch first
+  w.kvh = int(blockIdx.y) / (p.q_heads / p.kv_heads);
+  const int last_key = p.causal ? min(w.q0 + kQueryRows, w.d.len) - 1 : w.d.len - 1;
+  w.tiles = last_key / kKeyTile + 1;
+
+  if (threadIdx.x == 0) {
+    sm.ring.init(kProducerLanes, 4 * kConsumers);  // consumers: one arrival per warp
+    barrier_init(sm.rows_full, 1);
+    barrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    release_registers<kProducerRegisters>();
+    if (threadIdx.x < 32) produce(args, w, sm);
+  } else {
+    claim_registers<kConsumerRegisters>();
+    consume(args, w, sm);
+  }
+}
+
 }  // namespace
 
 int launch_backward_dq(const BackwardParams& p, void* stream) {
   return for_head_dim(p.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
-    return launch_over_tile_slots(backward_dq_kernel<D>, p, sizeof(DqShared<D>), kThreads, p.total_tokens, p.num_docs, kQueryRows, p.q_heads,
-                                  static_cast<cudaStream_t>(stream));
+    DqArgs args{};
+    args.p = p;
+    cudaError_t e = rows_form_map(args.q_map, p.q_codes, p.total_tokens, p.q_heads, D, kQueryRows);
+    if (e == cudaSuccess) e = rows_form_map(args.g_map, p.g_codes, p.total_tokens, p.q_heads, D, kQueryRows);
+    if (e == cudaSuccess) e = rows_form_map(args.k_map, p.k_codes, p.total_tokens, p.kv_heads, D, kKeyTile);
+    if (e == cudaSuccess) e = rows_form_map(args.v_map, p.v_codes, p.total_tokens, p.kv_heads, D, kKeyTile);
+    if (e == cudaSuccess) e = transposed_form_map(args.kt_map, p.k_codes_t, p.t_pitch, p.kv_heads, D, kKeyTile);
+    if (e != cudaSuccess) return e;
+    return launch_over_tile_slots(backward_dq_kernel<D>, args, kDqSharedBytes<D>, kThreads, p.total_tokens,
+                                  p.num_docs, kQueryRows, p.q_heads, static_cast<cudaStream_t>(stream));
   });
 }
 

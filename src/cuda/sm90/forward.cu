@@ -29,6 +29,7 @@
 #include "cuda/sm90/accumulator.cuh"
 #include "cuda/sm90/forward.h"
 #include "cuda/sm90/fp8_math.cuh"
+#include "cuda/sm90/key_scales.cuh"
 #include "cuda/sm90/launch.cuh"
 #include "cuda/sm90/tensor_map.h"
 #include "cuda/sm90/tma.cuh"
@@ -91,34 +92,19 @@ struct CtaWork {
 __device__ __forceinline__ int key_tile_start(const CtaWork& w, int i) { return (w.tiles - 1 - i) * kKeyTile; }
 
 // --- producer ----------------------------------------------------------------------------------
-// A key tile's scale bytes for the keys of one producer lane (lane + 32 j), loaded one tile ahead:
-// eight independent loads in flight at once rather than one dependent round trip per key.
-constexpr int kKeysPerLane = kKeyTile / 32;
-struct LaneScaleBytes {
-  uint8_t k[kKeysPerLane], v[kKeysPerLane];
-};
-__device__ __forceinline__ LaneScaleBytes load_lane_scales(const ForwardParams& p, const CtaWork& w, int k0, int lane) {
-  LaneScaleBytes b;
-#pragma unroll
-  for (int j = 0; j < kKeysPerLane; ++j) {
-    const size_t s = size_t(w.doc_begin + min(k0 + j * 32 + lane, w.len - 1)) * p.kv_heads + w.kvh;  // clamped
-    b.k[j] = __ldg(p.k_scales + s);
-    b.v[j] = __ldg(p.v_scales + s);
-  }
-  return b;
-}
+using TileScaleBytes = LaneScaleBytes<kKeyTile>;
 // The per-key factors of the softmax paths (keys past the document end: k_col 0, so masked).
 template <int D>
-__device__ __forceinline__ void store_lane_scales(const LaneScaleBytes& b, const CtaWork& w, int k0, int lane,
+__device__ __forceinline__ void store_lane_scales(const TileScaleBytes& b, const CtaWork& w, int k0, int lane,
                                                   KeyTileStage<D>& st) {
 #pragma unroll
-  for (int j = 0; j < kKeysPerLane; ++j) {
+  for (int j = 0; j < TileScaleBytes::kKeysPerLane; ++j) {
     const int key = j * 32 + lane;
     const bool in_doc = k0 + key < w.len;
-    st.k_col[key] = in_doc ? pow2_of_scale(b.k[j]) : 0.f;
-    st.v_scale[key] = in_doc ? b.v[j] : 0;
+    st.k_col[key] = in_doc ? pow2_of_scale(b.k_byte(j)) : 0.f;
+    st.v_scale[key] = in_doc ? b.v_byte(j) : 0;
     st.v_pow[key] = w.c_exp == kNaNExponent ? pow2i(kNaNExponent)
-                                            : pow2i(add_exponents(in_doc ? scale_exponent(b.v[j]) : 0, -w.c_exp));
+                                            : pow2i(add_exponents(in_doc ? scale_exponent(b.v_byte(j)) : 0, -w.c_exp));
   }
 }
 
@@ -128,7 +114,7 @@ __device__ __forceinline__ void store_lane_scales(const LaneScaleBytes& b, const
 // document's codes (or zeros past the tensor): finite E4M3 codes (the quantizer never writes NaN
 // codes) whose P is exactly 0, and columns of S that the masked path drops.
 template <int D>
-__device__ void produce(const ForwardArgs& args, const CtaWork& w, SharedTiles<D>& sm) {
+__device__ __forceinline__ void produce(const ForwardArgs& args, const CtaWork& w, SharedTiles<D>& sm) {
   const ForwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32, h = blockIdx.y;
   if (lane == 0) {
@@ -137,11 +123,15 @@ __device__ void produce(const ForwardArgs& args, const CtaWork& w, SharedTiles<D
     barrier_arrive(sm.q_full);
   }
   const int vt_doc_start = int(layout::transposed_document_start(w.doc_begin, w.doc));
-  LaneScaleBytes next = load_lane_scales(p, w, key_tile_start(w, 0), lane);
+  auto load_scales = [&](int i) {
+    return load_lane_scale_bytes<kKeyTile>(p.k_scales, p.v_scales, p.kv_heads, w.kvh, w.doc_begin, w.len,
+                                           key_tile_start(w, i), lane);
+  };
+  TileScaleBytes next = load_scales(0);
   for (int i = 0; i < w.tiles; ++i) {
     const int k0 = key_tile_start(w, i);
     KeyTileStage<D>& st = sm.stage[sm.ring.stage(i)];
-    const LaneScaleBytes bytes = next;
+    const TileScaleBytes bytes = next;
     sm.ring.wait_empty(i);
     if (lane == 0) {
       uint64_t& full = sm.ring.full_barrier(i);
@@ -149,7 +139,7 @@ __device__ void produce(const ForwardArgs& args, const CtaWork& w, SharedTiles<D
       tma_load_rows(args.k_map, st.k, full, w.kvh, w.doc_begin + k0);
       tma_load_transposed(args.vt_map, st.vt, full, w.kvh, D, vt_doc_start + k0);
     }
-    if (i + 1 < w.tiles) next = load_lane_scales(p, w, key_tile_start(w, i + 1), lane);
+    if (i + 1 < w.tiles) next = load_scales(i + 1);
     store_lane_scales(bytes, w, k0, lane, st);
     sm.ring.arrive_full(i);
   }
@@ -292,7 +282,7 @@ __device__ __forceinline__ void pack_p_operand(const float (&s)[kKeyTile / 2], u
 // O += P~_{i-1}.V_{i-1} (i > 0) together, computes tile i's softmax while P.V runs, then, once
 // P.V is done, releases stage i-1, rescales O to the new running max and packs P~_i.
 template <int D>
-__device__ void consume(const ForwardArgs& args, const CtaWork& w, SharedTiles<D>& sm) {
+__device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& w, SharedTiles<D>& sm) {
   const ForwardParams& p = args.p;
   const int consumer = int(threadIdx.x) / 128 - 1, warp = int(threadIdx.x) / 32 - 4;
   const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4, h = blockIdx.y;

@@ -42,8 +42,7 @@ template <SmemLayout L>
 inline constexpr int kStepAdvance = L == SmemLayout::kCoreMatrix ? 2 * kCoreMatrixBytes : 32;
 
 template <SmemLayout L = SmemLayout::kCoreMatrix>
-__device__ __forceinline__ uint64_t smem_descriptor(const void* smem, int row_group_stride) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+__device__ __forceinline__ uint64_t smem_descriptor(uint32_t addr, int row_group_stride) {
   // Layout type (bits 62-63): 0 none, 1 128-byte swizzle, 2 64-byte swizzle. The leading byte
   // offset is unused by the swizzled K-major layouts (one step never leaves a row's swizzle span).
   constexpr uint64_t type = L == SmemLayout::kSwizzle128B ? 1 : L == SmemLayout::kSwizzle64B ? 2 : 0;
@@ -153,13 +152,23 @@ __device__ __forceinline__ void wgmma_m64nNk32_rs(float (&d)[N / 2], const uint3
 //                      accumulator), B a transposed-form tile of kTokens tokens (P.V, U.K, P^T.dO,
 //                      U^T.Q).
 // Both tiles of a product share one shared-memory layout L.
+// The shared address of a tile, opaque to the compiler: descriptors are rebuilt from it at each
+// product (a few uniform-datapath instructions) instead of being hoisted out of the caller's tile
+// loop and held in registers across it (which spilled the backward's accumulators).
+__device__ __forceinline__ uint32_t tile_address(const void* tile) {
+  uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
+  asm volatile("" : "+r"(addr));
+  return addr;
+}
+
 template <int D, int N, SmemLayout L = SmemLayout::kCoreMatrix>
 __device__ __forceinline__ void rows_product(float (&acc)[N / 2], const uint8_t* a, const uint8_t* b) {
   static_assert(N == 64 || N == 128, "S tiles of 64 or 128 columns");
+  const uint32_t a_addr = tile_address(a), b_addr = tile_address(b);
 #pragma unroll
   for (int ks = 0; ks < D / 32; ++ks) {
-    const uint64_t desc_a = smem_descriptor<L>(a + ks * kStepAdvance<L>, kRowsFormStride<D>);
-    const uint64_t desc_b = smem_descriptor<L>(b + ks * kStepAdvance<L>, kRowsFormStride<D>);
+    const uint64_t desc_a = smem_descriptor<L>(a_addr + ks * kStepAdvance<L>, kRowsFormStride<D>);
+    const uint64_t desc_b = smem_descriptor<L>(b_addr + ks * kStepAdvance<L>, kRowsFormStride<D>);
     if constexpr (N == 128) wgmma_m64n128k32_ss(acc, desc_a, desc_b, ks > 0);
     else wgmma_m64n64k32_ss(acc, desc_a, desc_b, ks > 0);
   }
@@ -167,9 +176,10 @@ __device__ __forceinline__ void rows_product(float (&acc)[N / 2], const uint8_t*
 template <int N, int kTokens, SmemLayout L = SmemLayout::kCoreMatrix>
 __device__ __forceinline__ void register_product(float (&acc)[N / 2], const uint32_t (&a)[kTokens / 32][4],
                                                  const uint8_t* bt) {
+  const uint32_t bt_addr = tile_address(bt);
 #pragma unroll
   for (int kk = 0; kk < kTokens / 32; ++kk)
-    wgmma_m64nNk32_rs<N>(acc, a[kk], smem_descriptor<L>(bt + kk * kStepAdvance<L>, kTransposedFormStride<kTokens>));
+    wgmma_m64nNk32_rs<N>(acc, a[kk], smem_descriptor<L>(bt_addr + kk * kStepAdvance<L>, kTransposedFormStride<kTokens>));
 }
 
 }  // namespace flamia::cuda::sm90

@@ -1,0 +1,37 @@
+// A producer warp's loads of a key tile's per-key scale bytes (UE8M0, [T, H] by token and head):
+// lane l takes keys l, l + 32, ... of the tile, clamped into the document (a key past its end
+// reads the last key's byte, which the kernels never apply). All loads of a tile are independent,
+// so they are in flight together; a kernel loads tile i + 1's bytes while it stores tile i's
+// factors.
+#pragma once
+
+#include <cstdint>
+
+namespace flamia::cuda::sm90 {
+
+// The bytes of one lane's keys, four to a register (producer warps run on few registers).
+template <int kKeyTile>
+struct LaneScaleBytes {
+  static constexpr int kKeysPerLane = kKeyTile / 32;
+  static_assert(kKeysPerLane == 4, "one register of K bytes and one of V bytes");
+  uint32_t k, v;
+  __device__ __forceinline__ uint8_t k_byte(int j) const { return uint8_t(k >> (8 * j)); }
+  __device__ __forceinline__ uint8_t v_byte(int j) const { return uint8_t(v >> (8 * j)); }
+};
+
+template <int kKeyTile>
+__device__ __forceinline__ LaneScaleBytes<kKeyTile> load_lane_scale_bytes(const uint8_t* k_scales,
+                                                                          const uint8_t* v_scales, int heads,
+                                                                          int head, int doc_begin, int len, int k0,
+                                                                          int lane) {
+  LaneScaleBytes<kKeyTile> b{0u, 0u};
+#pragma unroll
+  for (int j = 0; j < LaneScaleBytes<kKeyTile>::kKeysPerLane; ++j) {
+    const int64_t s = int64_t(doc_begin + min(k0 + j * 32 + lane, len - 1)) * heads + head;
+    b.k |= uint32_t(__ldg(k_scales + s)) << (8 * j);
+    b.v |= uint32_t(__ldg(v_scales + s)) << (8 * j);
+  }
+  return b;
+}
+
+}  // namespace flamia::cuda::sm90
