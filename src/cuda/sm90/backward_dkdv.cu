@@ -11,8 +11,10 @@
 // per (key, query tile), as
 // docs/NUMERICS.md and the emulation (reference::mxfp8_backward) define them. dK is scaled by the
 // softmax scale at the end.
-// Query tiles are double-buffered cp.async copies (Q and dO rows, and Q^T, dO^T from the
-// quantizer's transposed layouts), with their per-query constants loaded one tile ahead.
+// Warp-specialized like the forward (forward.cu, tma.cuh): warpgroup 0's producer warp loads the
+// CTA's K and V rows once and each step's Q and dO rows and Q^T, dO^T (the quantizer's transposed
+// layouts) by TMA into a ring of stages, with the step's per-query constants; warpgroups 1 and 2
+// (64 keys each) compute, each at its own pace.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -20,26 +22,31 @@
 
 #include "core/operand_layout.h"
 #include "core/tiling.h"
+#include "cuda/document_span.cuh"
 #include "cuda/sm90/accumulator.cuh"
 #include "cuda/sm90/backward.h"
-#include "cuda/document_span.cuh"
 #include "cuda/sm90/fp8_math.cuh"
 #include "cuda/sm90/launch.cuh"
-#include "cuda/sm90/smem_stage.cuh"
+#include "cuda/sm90/tensor_map.h"
+#include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
 #include "formats/scales.h"
 
 namespace flamia::cuda::sm90 {
 namespace {
 
-constexpr int kWarpgroups = 2;                      // both read each query tile: half the L2 traffic of one
-constexpr int kThreads = 128 * kWarpgroups;
+constexpr int kConsumers = 2;                      // consumer warpgroups
+constexpr int kThreads = 128 * (1 + kConsumers);    // warpgroup 0 produces
 constexpr int kWarpgroupRows = 64;                  // keys per warpgroup: the m64 of every product
-constexpr int kKeyRows = kWarpgroupRows * kWarpgroups;  // keys per CTA
+constexpr int kKeyRows = kWarpgroupRows * kConsumers;  // keys per CTA
 constexpr int kQueryTile = tiling::kBwdQueryTile;   // queries per step: tau's group
+constexpr int kStages = 3;
 static_assert(kQueryTile == 64, "S^T is one m64n64 product per k-step");
 static_assert(tiling::kBwdKeyTile % kKeyRows == 0, "a CTA's keys lie inside one backward key tile");
-static_assert(kQueryTile <= kThreads, "one thread loads each query's constants");
+// Registers per thread after the hand-over: 128 x 24 + 256 x 240 = 64512 of the SM's 65536.
+constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+constexpr int kProducerLanes = 32;
+constexpr int kQueriesPerLane = kQueryTile / kProducerLanes;
 
 // Per-query constants of a tile: {2^eq_i, 2^eg_i, 2^(boost + eg_i - gamma), -LSE_i log2(e)}, D_i.
 struct QueryTileConsts {
@@ -47,9 +54,9 @@ struct QueryTileConsts {
   float delta[kQueryTile];
 };
 
-// One query tile's operands: the double buffer holds two.
+// One query tile's operands (1024-byte aligned for the 128-byte swizzle of the rows-form tiles).
 template <int D>
-struct DkdvQueryStage {
+struct alignas(1024) DkdvQueryStage {
   uint8_t q[kQueryTile * D];   // rows form (B of S^T)
   uint8_t g[kQueryTile * D];   // rows form (B of E^T)
   uint8_t qt[D * kQueryTile];  // transposed form, queries permuted (B of dK)
@@ -58,11 +65,22 @@ struct DkdvQueryStage {
 };
 template <int D>
 struct DkdvShared {
-  uint8_t k[kKeyRows * D];  // rows form (A of S^T)
-  uint8_t v[kKeyRows * D];  // rows form (A of E^T)
-  DkdvQueryStage<D> stage[2];
+  alignas(1024) uint8_t k[kKeyRows * D];  // rows form (A of S^T)
+  alignas(1024) uint8_t v[kKeyRows * D];  // rows form (A of E^T)
+  DkdvQueryStage<D> stage[kStages];
+  StageRing<kStages> ring;
+  uint64_t keys_full;  // K and V rows landed
 };
-static_assert(sizeof(DkdvShared<128>) + 1024 <= 228 * 1024, "a CTA must fit in shared memory");
+template <int D>
+constexpr size_t kDkdvSharedBytes = sizeof(DkdvShared<D>) + 1024;  // + the alignment of the dynamic base
+static_assert(kDkdvSharedBytes<128> <= 227 * 1024, "a CTA must fit in shared memory");
+
+struct DkdvArgs {
+  BackwardParams p;
+  CUtensorMap k_map, v_map;    // rows form, box kKeyRows
+  CUtensorMap q_map, g_map;    // rows form, box kQueryTile
+  CUtensorMap qt_map, gt_map;  // transposed form, box kQueryTile
+};
 
 // The (query head, query tile) steps of a CTA, in order: each head of the KV group, and for it the
 // 64-query tiles (counted from the document start) from q_begin to the document end.
@@ -72,38 +90,36 @@ struct QuerySteps {
   __device__ int q0(int step) const { return q_begin + step % tiles_per_head * kQueryTile; }
 };
 
-// Query q0 + threadIdx.x's inputs to its constants (threads below kQueryTile; clamped into the
-// document: masked queries' values are unused).
+// A producer lane's queries' inputs to the constants (queries lane + 32 j of the tile, clamped
+// into the document: masked queries' values are unused), loaded one step ahead.
 struct QueryInputs {
-  uint8_t q_scale, g_scale;
-  float lse, delta;
+  uint8_t q_scale[kQueriesPerLane], g_scale[kQueriesPerLane];
+  float lse[kQueriesPerLane], delta[kQueriesPerLane];
 };
-__device__ __forceinline__ QueryInputs load_query_inputs(const BackwardParams& p, const DocumentSpan& d, int h, int q0) {
-  if (threadIdx.x >= kQueryTile) return {};
-  const int64_t token = d.begin + min(q0 + int(threadIdx.x), d.len - 1);
-  const int64_t s = token * p.q_heads + h;
-  return {p.q_scales[s], p.g_scales[s], p.lse[int64_t(h) * p.total_tokens + token],
-          p.delta[int64_t(h) * p.total_tokens + token]};
+__device__ __forceinline__ QueryInputs load_query_inputs(const BackwardParams& p, const DocumentSpan& d, int h, int q0,
+                                                         int lane) {
+  QueryInputs in;
+#pragma unroll
+  for (int j = 0; j < kQueriesPerLane; ++j) {
+    const int64_t token = d.begin + min(q0 + j * 32 + lane, d.len - 1);
+    const int64_t s = token * p.q_heads + h;
+    in.q_scale[j] = __ldg(p.q_scales + s);
+    in.g_scale[j] = __ldg(p.g_scales + s);
+    in.lse[j] = __ldg(p.lse + int64_t(h) * p.total_tokens + token);
+    in.delta[j] = __ldg(p.delta + int64_t(h) * p.total_tokens + token);  // the prep pass's, read-only here
+  }
+  return in;
 }
-__device__ __forceinline__ void store_query_consts(const QueryInputs& in, int gamma, int p_boost_log2,
+__device__ __forceinline__ void store_query_consts(const QueryInputs& in, int gamma, int p_boost_log2, int lane,
                                                    QueryTileConsts& c) {
-  if (threadIdx.x >= kQueryTile) return;
   constexpr float kLog2e = 1.4426950408889634f;
-  const int eg = scale_exponent(in.g_scale);
-  const float p_fold = pow2i(gamma == kNaNExponent ? kNaNExponent : add_exponents(eg, p_boost_log2 - gamma));
-  c.c[threadIdx.x] = make_float4(pow2_of_scale(in.q_scale), pow2i(eg), p_fold, -(in.lse * kLog2e));
-  c.delta[threadIdx.x] = in.delta;
-}
-
-template <int D>
-__device__ __forceinline__ void copy_query_tile_async(const BackwardParams& p, const DocumentSpan& d, int64_t doc_slot,
-                                                      int h, int q0, DkdvQueryStage<D>& st) {
-  const int64_t q_pitch = int64_t(p.q_heads) * D, q_offset = (int64_t(d.begin + q0) * p.q_heads + h) * D;
-  const int64_t t_offset = int64_t(h) * D * p.t_pitch + doc_slot + q0;
-  copy_tile_async<kQueryTile, D, kThreads>(p.q_codes + q_offset, q_pitch, d.len - q0, D, st.q);
-  copy_tile_async<kQueryTile, D, kThreads>(p.g_codes + q_offset, q_pitch, d.len - q0, D, st.g);
-  copy_tile_async<D, kQueryTile, kThreads>(p.q_codes_t + t_offset, p.t_pitch, D, d.len - q0, st.qt);
-  copy_tile_async<D, kQueryTile, kThreads>(p.g_codes_t + t_offset, p.t_pitch, D, d.len - q0, st.gt);
+#pragma unroll
+  for (int j = 0; j < kQueriesPerLane; ++j) {
+    const int eg = scale_exponent(in.g_scale[j]);
+    const float p_fold = pow2i(gamma == kNaNExponent ? kNaNExponent : add_exponents(eg, p_boost_log2 - gamma));
+    c.c[j * 32 + lane] = make_float4(pow2_of_scale(in.q_scale[j]), pow2i(eg), p_fold, -(in.lse[j] * kLog2e));
+    c.delta[j * 32 + lane] = in.delta[j];
+  }
 }
 
 // A masked tile (pairs some key must not enter), element by element as the emulation states it:
@@ -176,74 +192,92 @@ __device__ __forceinline__ void interior_pu(const float (&s)[kQueryTile / 2], fl
   for (int r = 0; r < 2; ++r) amax[r] = fmaxf(part_max[r][0], part_max[r][1]);
 }
 
+// What both the producer and the consumers know about the CTA's work.
+struct DkdvWork {
+  DocumentSpan d;
+  int doc, k0, kvh;
+  int gamma;  // the document's largest dO exponent over the group's query heads
+  QuerySteps steps;
+  int num_steps;
+};
+
+// --- producer ----------------------------------------------------------------------------------
+// One warp: the K and V rows once, then per step: wait for an empty stage, TMA its Q, dO, Q^T and
+// dO^T codes (lane 0), store the step's per-query constants (the next step's inputs are loaded
+// meanwhile) and arrive on "full". Queries past the document end load the next document's codes
+// (or zeros past the tensor): finite E4M3 codes (the quantizer never writes NaN codes) that meet
+// exact-zero P~ and U in dV and dK, and columns of S^T and E^T that the masked path drops.
 template <int D>
-__global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardParams p) {
-  extern __shared__ __align__(128) uint8_t smem_bytes[];
-  auto& sm = *reinterpret_cast<DkdvShared<D>*>(smem_bytes);
+__device__ __forceinline__ void produce(const DkdvArgs& args, const DkdvWork& w, DkdvShared<D>& sm) {
+  const BackwardParams& p = args.p;
+  const int lane = int(threadIdx.x) % 32;
+  if (lane == 0) {
+    barrier_expect_bytes(sm.keys_full, 2 * kKeyRows * D);
+    tma_load_rows(args.k_map, sm.k, sm.keys_full, w.kvh, w.d.begin + w.k0);
+    tma_load_rows(args.v_map, sm.v, sm.keys_full, w.kvh, w.d.begin + w.k0);
+    barrier_arrive(sm.keys_full);
+  }
+  const int doc_slot = int(layout::transposed_document_start(w.d.begin, w.doc));
+  auto load_inputs = [&](int step) { return load_query_inputs(p, w.d, w.steps.head(step), w.steps.q0(step), lane); };
+  QueryInputs next = load_inputs(0);
+  for (int step = 0; step < w.num_steps; ++step) {
+    const int h = w.steps.head(step), q0 = w.steps.q0(step);
+    DkdvQueryStage<D>& st = sm.stage[sm.ring.stage(step)];
+    const QueryInputs inputs = next;
+    sm.ring.wait_empty(step);
+    if (lane == 0) {
+      uint64_t& full = sm.ring.full_barrier(step);
+      barrier_expect_bytes(full, 4 * kQueryTile * D);
+      tma_load_rows(args.q_map, st.q, full, h, w.d.begin + q0);
+      tma_load_rows(args.g_map, st.g, full, h, w.d.begin + q0);
+      tma_load_transposed(args.qt_map, st.qt, full, h, D, doc_slot + q0);
+      tma_load_transposed(args.gt_map, st.gt, full, h, D, doc_slot + q0);
+    }
+    if (step + 1 < w.num_steps) next = load_inputs(step + 1);
+    store_query_consts(inputs, w.gamma, p.p_boost_log2, lane, st.consts);
+    sm.ring.arrive_full(step);
+  }
+}
+
+// --- consumers ---------------------------------------------------------------------------------
+// A warpgroup of 64 keys; per step: S^T and E^T, P~ and U (into pa and e), tau, dV += P~^T.dO and
+// dK += 2^tau U~^T.Q, then the stage is released.
+template <int D>
+__device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w, DkdvShared<D>& sm) {
   constexpr float kLog2e = 1.4426950408889634f;
-
-  const int kvh = blockIdx.y;
-  DocumentTile work;
-  if (!document_tile(p.cu_seqlens, p.num_docs, p.total_tokens, kKeyRows, blockIdx.x, work)) return;
-  const int doc = work.doc;
-  const DocumentSpan d = work.span;
-  const int k0 = work.tile * kKeyRows;  // the first blocks see the most queries (causal): launched first
-  const int group = p.q_heads / p.kv_heads;
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int keys[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+  const BackwardParams& p = args.p;
+  const DocumentSpan& d = w.d;
+  const int consumer = int(threadIdx.x) / 128 - 1, warp = int(threadIdx.x) / 32 - 4;
+  const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const int wg_key = consumer * kWarpgroupRows;  // this warpgroup's first key in the block
+  const int keys[2] = {w.k0 + warp * 16 + g, w.k0 + warp * 16 + g + 8};
   const float scale_log2e = p.softmax_scale * kLog2e;
   float k_factor[2], v_pow[2];  // 2^ek_j scale log2(e), 2^ev_j
   for (int r = 0; r < 2; ++r) {
-    const int64_t s = int64_t(d.begin + min(keys[r], d.len - 1)) * p.kv_heads + kvh;
+    const int64_t s = int64_t(d.begin + min(keys[r], d.len - 1)) * p.kv_heads + w.kvh;
     k_factor[r] = pow2_of_scale(p.k_scales[s]) * scale_log2e;
     v_pow[r] = pow2_of_scale(p.v_scales[s]);
   }
-
-  // gamma: the document's largest dO exponent over the group's query heads (each head's running
-  // max at the document's last token; UE8M0 bytes order like exponents, NaN (0xFF) the largest).
-  uint8_t gamma_code = 0;
-  for (int h = kvh * group; h < (kvh + 1) * group; ++h)
-    gamma_code = uint8_t(max(int(gamma_code), int(p.g_scale_prefix_max[int64_t(d.end - 1) * p.q_heads + h])));
-  const int gamma = scale_exponent(gamma_code);
-
-  // Prologue: the CTA's K and V rows (once) and the first query step; step i uses stage i % 2.
-  const int64_t kv_pitch = int64_t(p.kv_heads) * D, kv_offset = (int64_t(d.begin + k0) * p.kv_heads + kvh) * D;
-  const int64_t doc_slot = layout::transposed_document_start(d.begin, doc);
-  const int q_begin = p.causal ? k0 : 0;  // k0 is a multiple of kQueryTile: a query tile start
-  const QuerySteps steps{kvh * group, q_begin, (d.len - q_begin + kQueryTile - 1) / kQueryTile};
-  const int num_steps = group * steps.tiles_per_head;
-  copy_tile_async<kKeyRows, D, kThreads>(p.k_codes + kv_offset, kv_pitch, d.len - k0, D, sm.k);
-  copy_tile_async<kKeyRows, D, kThreads>(p.v_codes + kv_offset, kv_pitch, d.len - k0, D, sm.v);
-  copy_query_tile_async(p, d, doc_slot, steps.head(0), steps.q0(0), sm.stage[0]);
-  cp_async_commit();
-  store_query_consts(load_query_inputs(p, d, steps.head(0), steps.q0(0)), gamma, p.p_boost_log2, sm.stage[0].consts);
+  constexpr SmemLayout kRowsLayout = kSwizzleFor<D>, kTransposedLayout = kSwizzleFor<kQueryTile>;
+  const uint8_t* k_rows = sm.k + wg_key * D;
+  const uint8_t* v_rows = sm.v + wg_key * D;
 
   float dk_acc[D / 2], dv_acc[D / 2];
   zero(dk_acc);
   zero(dv_acc);
-  for (int step = 0; step < num_steps; ++step) {
-    const int q0 = steps.q0(step);
-    const DkdvQueryStage<D>& st = sm.stage[step % 2];
-    cp_async_wait_all();
-    fence_smem_for_async_proxy();  // the copies are generic-proxy writes; wgmma reads via the async proxy
-    __syncthreads();  // step's tiles and constants are in shared memory; the other stage is free
-    const bool has_next = step + 1 < num_steps;
-    QueryInputs next_inputs{};
-    if (has_next) {
-      copy_query_tile_async(p, d, doc_slot, steps.head(step + 1), steps.q0(step + 1), sm.stage[(step + 1) % 2]);
-      cp_async_commit();
-      next_inputs = load_query_inputs(p, d, steps.head(step + 1), steps.q0(step + 1));
-    }
+  barrier_wait(sm.keys_full, 0);
+  for (int step = 0; step < w.num_steps; ++step) {
+    const int q0 = w.steps.q0(step);
+    const DkdvQueryStage<D>& st = sm.stage[sm.ring.stage(step)];
+    sm.ring.wait_full(step);
 
     // S^T = K . Q^T and E^T = V . dO^T: 64 keys x 64 queries each, D/32 k-steps.
     float s[kQueryTile / 2], e[kQueryTile / 2];
     wgmma_fence();
-    const int wg_row = threadIdx.x / 128 * kWarpgroupRows;  // this warpgroup's first key in the block
-    rows_product<D, kQueryTile>(s, sm.k + wg_row * D, st.q);
-    rows_product<D, kQueryTile>(e, sm.v + wg_row * D, st.g);
+    rows_product<D, kQueryTile, kRowsLayout>(s, k_rows, st.q);
+    rows_product<D, kQueryTile, kRowsLayout>(e, v_rows, st.g);
     wgmma_commit();
-    wgmma_wait_all();
+    wgmma_wait<0>();
     fence_accumulators(s);
     fence_accumulators(e);
 
@@ -252,7 +286,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardP
     // the first query; the branch is uniform over the warpgroup).
     float amax[2] = {0.f, 0.f};
     uint32_t pa[kQueryTile / 32][4], ua[kQueryTile / 32][4];
-    const bool interior = q0 + kQueryTile <= d.len && (!p.causal || k0 + wg_row + kWarpgroupRows - 1 <= q0);
+    const bool interior = q0 + kQueryTile <= d.len && (!p.causal || w.k0 + wg_key + kWarpgroupRows - 1 <= q0);
     if (interior) {
       interior_pu(s, e, st.consts, k_factor, v_pow, t, amax, pa);
     } else {
@@ -280,7 +314,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardP
     constexpr int kHalves = D == 128 ? 2 : 1, kHalfCols = D / kHalves;
     fence_accumulators(dv_acc);
     wgmma_fence();
-    register_product<D, kQueryTile>(dv_acc, pa, st.gt);
+    register_product<D, kQueryTile, kTransposedLayout>(dv_acc, pa, st.gt);
     wgmma_commit();
 #pragma unroll
     for (int half = 0; half < kHalves; ++half) {
@@ -288,25 +322,64 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardP
       zero(dk_tile);
       wgmma_fence();
       const uint8_t* qt = st.qt + half * (kHalfCols / 8) * kTransposedFormStride<kQueryTile>;  // its feature rows
-      register_product<kHalfCols, kQueryTile>(dk_tile, ua, qt);
+      register_product<kHalfCols, kQueryTile, kTransposedLayout>(dk_tile, ua, qt);
       wgmma_commit();
-      wgmma_wait_all();
+      wgmma_wait<0>();
       fence_accumulators(dk_tile);
       add_scaled_rows(*reinterpret_cast<float(*)[kHalfCols / 2]>(dk_acc + half * kHalfCols / 2), dk_tile, tau_pow);
     }
     fence_accumulators(dv_acc);
-    // Nobody reads the other stage until the next step's barrier.
-    if (has_next) store_query_consts(next_inputs, gamma, p.p_boost_log2, sm.stage[(step + 1) % 2].consts);
+    if (lane == 0) sm.ring.arrive_empty(step);  // this warp is done with the step's tiles
   }
 
-  const float dv_factor = gamma == kNaNExponent ? pow2i(kNaNExponent) : pow2i(gamma - p.p_boost_log2);
+  const float dv_factor = w.gamma == kNaNExponent ? pow2i(kNaNExponent) : pow2i(w.gamma - p.p_boost_log2);
   auto* dk = static_cast<__nv_bfloat16*>(p.dk);
   auto* dv = static_cast<__nv_bfloat16*>(p.dv);
   for (int r = 0; r < 2; ++r) {
     if (keys[r] >= d.len) continue;
     const int64_t token = d.begin + keys[r];
-    store_row_bf16(dk_acc, r, p.softmax_scale, dk + token * p.dk_stride_token + kvh * p.dk_stride_head, t);
-    store_row_bf16(dv_acc, r, dv_factor, dv + token * p.dv_stride_token + kvh * p.dv_stride_head, t);
+    store_row_bf16(dk_acc, r, p.softmax_scale, dk + token * p.dk_stride_token + w.kvh * p.dk_stride_head, t);
+    store_row_bf16(dv_acc, r, dv_factor, dv + token * p.dv_stride_token + w.kvh * p.dv_stride_head, t);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid_constant__ DkdvArgs args) {
+  extern __shared__ uint8_t smem_raw[];
+  // Offsetting the shared array itself (not a generic integer address) keeps its accesses LDS/STS.
+  DkdvShared<D>& sm = *reinterpret_cast<DkdvShared<D>*>(smem_raw + ((1024 - smem_address(smem_raw) % 1024) % 1024));
+  const BackwardParams& p = args.p;
+
+  DocumentTile tile;
+  if (!document_tile(p.cu_seqlens, p.num_docs, p.total_tokens, kKeyRows, blockIdx.x, tile)) return;
+  DkdvWork w;
+  w.d = tile.span;
+  w.doc = tile.doc;
+  w.k0 = tile.tile * kKeyRows;  // the first blocks see the most queries (causal): launched first
+  w.kvh = blockIdx.y;
+  const int group = p.q_heads / p.kv_heads;
+  // gamma: each head's running max of dO's scale exponents at the document's last token; UE8M0
+  // bytes order like exponents, NaN (0xFF) the largest.
+  uint8_t gamma_code = 0;
+  for (int h = w.kvh * group; h < (w.kvh + 1) * group; ++h)
+    gamma_code = uint8_t(max(int(gamma_code), int(p.g_scale_prefix_max[int64_t(w.d.end - 1) * p.q_heads + h])));
+  w.gamma = scale_exponent(gamma_code);
+  const int q_begin = p.causal ? w.k0 : 0;  // k0 is a multiple of kQueryTile: a query tile start
+  w.steps = QuerySteps{w.kvh * group, q_begin, (w.d.len - q_begin + kQueryTile - 1) / kQueryTile};
+  w.num_steps = group * w.steps.tiles_per_head;
+
+  if (threadIdx.x == 0) {
+    sm.ring.init(kProducerLanes, 4 * kConsumers);  // consumers: one arrival per warp
+    barrier_init(sm.keys_full, 1);
+    barrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    release_registers<kProducerRegisters>();
+    if (threadIdx.x < 32) produce(args, w, sm);
+  } else {
+    claim_registers<kConsumerRegisters>();
+    consume(args, w, sm);
   }
 }
 
@@ -315,8 +388,17 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const BackwardP
 int launch_backward_dkdv(const BackwardParams& p, void* stream) {
   return for_head_dim(p.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
-    return launch_over_tile_slots(backward_dkdv_kernel<D>, p, sizeof(DkdvShared<D>), kThreads, p.total_tokens, p.num_docs, kKeyRows, p.kv_heads,
-                                  static_cast<cudaStream_t>(stream));
+    DkdvArgs args{};
+    args.p = p;
+    cudaError_t e = rows_form_map(args.k_map, p.k_codes, p.total_tokens, p.kv_heads, D, kKeyRows);
+    if (e == cudaSuccess) e = rows_form_map(args.v_map, p.v_codes, p.total_tokens, p.kv_heads, D, kKeyRows);
+    if (e == cudaSuccess) e = rows_form_map(args.q_map, p.q_codes, p.total_tokens, p.q_heads, D, kQueryTile);
+    if (e == cudaSuccess) e = rows_form_map(args.g_map, p.g_codes, p.total_tokens, p.q_heads, D, kQueryTile);
+    if (e == cudaSuccess) e = transposed_form_map(args.qt_map, p.q_codes_t, p.t_pitch, p.q_heads, D, kQueryTile);
+    if (e == cudaSuccess) e = transposed_form_map(args.gt_map, p.g_codes_t, p.t_pitch, p.q_heads, D, kQueryTile);
+    if (e != cudaSuccess) return e;
+    return launch_over_tile_slots(backward_dkdv_kernel<D>, args, kDkdvSharedBytes<D>, kThreads, p.total_tokens,
+                                  p.num_docs, kKeyRows, p.kv_heads, static_cast<cudaStream_t>(stream));
   });
 }
 
