@@ -10,7 +10,9 @@
 // 2. The transposed, padded layout [heads, dim, padded_tokens] of an operand that a product contracts
 //    over tokens (V in O = P.V): row (h, f) holds feature f of every token, tokens contiguous. Each
 //    document starts at a multiple of kKeyStep (so 16-byte copies of a tile are aligned) and its
-//    tokens sit at permuted_position(position in the document); the rest of its last step is zero.
+//    tokens sit at permuted_position(position in the document); every other slot (the rest of a
+//    document's last step, the idle slots between documents and after the last) is zero, so the
+//    whole layout is defined: the kernels' TMA tile loads run past a document's end.
 #pragma once
 
 #include <cstdint>

@@ -208,12 +208,14 @@ std::string hex(unsigned v) {
       }
     }
   }
-  // The transposed layout: the same codes at each document's permuted slots, zeros in the rest of
-  // its last step, nothing written outside the documents' steps.
+  // The transposed layout: the same codes at each document's permuted slots and zeros in every
+  // other slot (the rest of a document's last step, the idle slots between documents and after
+  // the last): the whole buffer is written, so that the attention kernels' tile loads, which run
+  // past a document's end, only ever meet finite codes.
   size_t bad_transposed = 0;
   const int docs = int(gpu.cu_seqlens.size()) - 1;
   const int64_t pitch = layout::transposed_tokens(ref.tokens, docs);
-  std::vector<uint8_t> expected(gpu.transposed.size(), uint8_t(kSentinel));
+  std::vector<uint8_t> expected(gpu.transposed.size(), uint8_t(0));
   for (int d = 0; d < docs; ++d) {
     const int begin = gpu.cu_seqlens[d], len = gpu.cu_seqlens[d + 1] - begin;
     const int64_t start = layout::transposed_document_start(begin, d);

@@ -91,7 +91,18 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t slot_count = slots::slot_count(total_tokens, num_docs, kTileTokens);
   for (int64_t slot = blockIdx.x; slot < slot_count; slot += gridDim.x) {
     DocumentTile work;
-    if (!document_tile(cu_seqlens, num_docs, total_tokens, kTileTokens, slot, work)) continue;
+    if (!document_tile(cu_seqlens, num_docs, total_tokens, kTileTokens, slot, work)) {
+      // An idle slot: its step of the transposed layout holds no token. Zero it, so that the whole
+      // layout is defined (the attention kernels' tile loads run past a document's end).
+      if (transposed_codes) {
+        for (int i = int(threadIdx.x); i < 2 * dim; i += kThreads) {
+          const int f = i % dim, half = i / dim;
+          *reinterpret_cast<uint4*>(transposed_codes + (int64_t(h) * dim + f) * transposed_pitch + slot * kTileTokens +
+                                    16 * half) = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+      continue;
+    }
     const DocumentSpan d = work.span;
     const int64_t doc = work.doc;
     {
