@@ -1,30 +1,16 @@
 // Hopper warpgroup MMA (wgmma) for E4M3 operands: shared-memory descriptors and the few shapes the
 // attention kernels use. FP8 wgmma reads both operands K-major (the contraction axis contiguous).
 //
-// Shared-memory layouts of a tile of R rows x K bytes (both read K-major):
-//  - kCoreMatrix ("no swizzle"; tiles that cp.async fills, smem_stage.cuh): 8-row x 16-byte core
-//    matrices, each 128 contiguous bytes (row r of the core matrix at byte 16 r). Core matrix
-//    (row group i, K chunk c) sits at byte i * row_group_stride + c * 128, so the descriptor's
-//    leading byte offset (between K-adjacent core matrices) is 128 and its stride byte offset
-//    (between 8-row groups) is row_group_stride. One k32 step spans two K chunks: +256 bytes.
-//  - kSwizzle64B / kSwizzle128B (tiles that TMA fills, tma.cuh): rows of K = 64 / 128 bytes stored
-//    one after the other, the 16-byte chunks of row r XOR-permuted by r % 8 (what the TMA tensor
-//    map's swizzle mode writes and the descriptor's layout type tells wgmma to undo). An 8-row
-//    group is 8 K bytes (the stride byte offset); the tile must be aligned to it (base offset 0).
-//    One k32 step is the next 32 bytes of the row: +32 bytes, the swizzle applies to the address.
-// In both, the stride between 8-row groups of a tile with K-byte rows is 8 K.
+// Shared-memory layout of a tile of R rows x K bytes (K = 64 or 128), as TMA writes it (tma.cuh,
+// tensor_map.h): rows one after the other, the 16-byte chunks of row r XOR-permuted by r % 8 over
+// a K-byte span (kSwizzle64B / kSwizzle128B; the descriptor's layout type tells wgmma to undo it).
+// An 8-row group is 8 K bytes (the stride byte offset); a tile is aligned to it (base offset 0).
+// One k32 step is the next 32 bytes of the row: +32 bytes, the swizzle applies to the address.
 #pragma once
 
 #include <cstdint>
 
 namespace flamia::cuda::sm90 {
-
-inline constexpr int kCoreMatrixBytes = 128;  // 8 rows x 16 bytes
-
-// Byte offset of element (row, k) in the core-matrix layout above.
-__device__ __forceinline__ constexpr int core_matrix_offset(int row, int k, int row_group_stride) {
-  return (row >> 3) * row_group_stride + (k >> 4) * kCoreMatrixBytes + (row & 7) * 16 + (k & 15);
-}
 
 // Row-group strides (SBO) of the two tile forms the kernels use: rows form (rows = tokens, K = the
 // D features of a head) and transposed form (rows = features, K = kTokens tokens).
@@ -33,42 +19,37 @@ inline constexpr int kRowsFormStride = 8 * D;
 template <int kTokens>
 inline constexpr int kTransposedFormStride = 8 * kTokens;
 
-enum class SmemLayout { kCoreMatrix, kSwizzle64B, kSwizzle128B };
-// The swizzled layout of a tile with K-byte rows (64 or 128), as TMA writes it.
+enum class SmemLayout { kSwizzle64B, kSwizzle128B };
+// The layout of a tile with K-byte rows (64 or 128).
 template <int kRowBytes>
 inline constexpr SmemLayout kSwizzleFor = kRowBytes == 128 ? SmemLayout::kSwizzle128B : SmemLayout::kSwizzle64B;
 // Bytes to the next k32 step of a row.
-template <SmemLayout L>
-inline constexpr int kStepAdvance = L == SmemLayout::kCoreMatrix ? 2 * kCoreMatrixBytes : 32;
+inline constexpr int kStepAdvance = 32;
 
-template <SmemLayout L = SmemLayout::kCoreMatrix>
+template <SmemLayout L>
 __device__ __forceinline__ uint64_t smem_descriptor(uint32_t addr, int row_group_stride) {
-  // Layout type (bits 62-63): 0 none, 1 128-byte swizzle, 2 64-byte swizzle. The leading byte
-  // offset is unused by the swizzled K-major layouts (one step never leaves a row's swizzle span).
-  constexpr uint64_t type = L == SmemLayout::kSwizzle128B ? 1 : L == SmemLayout::kSwizzle64B ? 2 : 0;
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(kCoreMatrixBytes >> 4) << 16) |
+  // Layout type (bits 62-63): 1 128-byte swizzle, 2 64-byte swizzle. The leading byte offset
+  // (bits 16-29) is unused by the swizzled K-major layouts (a step never leaves a row's span).
+  constexpr uint64_t type = L == SmemLayout::kSwizzle128B ? 1 : 2;
+  constexpr uint64_t kUnusedLeadingOffset = 128 >> 4;
+  return uint64_t((addr & 0x3FFFF) >> 4) | (kUnusedLeadingOffset << 16) |
          (uint64_t((row_group_stride & 0x3FFFF) >> 4) << 32) | (type << 62);  // base offset 0
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 // Waits until at most kPending of this warpgroup's committed groups are still running (groups
 // complete in the order they were committed).
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory"); }
 // wgmma writes its accumulators asynchronously, but the compiler sees them written when the
-// instruction is issued. After wgmma_wait_all(), this pins every accumulator register so that no
+// instruction is issued. After wgmma_wait, this pins every accumulator register so that no
 // read of it can be scheduled before the wait.
 template <int N>
 __device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-
-// Makes this thread's ordinary shared-memory stores visible to the tensor cores (async proxy);
-// call before the barrier that publishes a tile to wgmma.
-__device__ __forceinline__ void fence_smem_for_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // D (64 x 128, FP32) {=, +=} A (64 x 32, smem) . B (128 x 32, smem)^T, E4M3 inputs.
 __device__ __forceinline__ void wgmma_m64n128k32_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
@@ -151,7 +132,6 @@ __device__ __forceinline__ void wgmma_m64nNk32_rs(float (&d)[N / 2], const uint3
 //  - register_product: acc += A . B^T, A in registers (kTokens/32 k-steps packed from an
 //                      accumulator), B a transposed-form tile of kTokens tokens (P.V, U.K, P^T.dO,
 //                      U^T.Q).
-// Both tiles of a product share one shared-memory layout L.
 // The shared address of a tile, opaque to the compiler: descriptors are rebuilt from it at each
 // product (a few uniform-datapath instructions) instead of being hoisted out of the caller's tile
 // loop and held in registers across it (which spilled the backward's accumulators).
@@ -161,25 +141,26 @@ __device__ __forceinline__ uint32_t tile_address(const void* tile) {
   return addr;
 }
 
-template <int D, int N, SmemLayout L = SmemLayout::kCoreMatrix>
+// Both tiles of a product share one shared-memory layout L.
+template <int D, int N, SmemLayout L>
 __device__ __forceinline__ void rows_product(float (&acc)[N / 2], const uint8_t* a, const uint8_t* b) {
   static_assert(N == 64 || N == 128, "S tiles of 64 or 128 columns");
   const uint32_t a_addr = tile_address(a), b_addr = tile_address(b);
 #pragma unroll
   for (int ks = 0; ks < D / 32; ++ks) {
-    const uint64_t desc_a = smem_descriptor<L>(a_addr + ks * kStepAdvance<L>, kRowsFormStride<D>);
-    const uint64_t desc_b = smem_descriptor<L>(b_addr + ks * kStepAdvance<L>, kRowsFormStride<D>);
+    const uint64_t desc_a = smem_descriptor<L>(a_addr + ks * kStepAdvance, kRowsFormStride<D>);
+    const uint64_t desc_b = smem_descriptor<L>(b_addr + ks * kStepAdvance, kRowsFormStride<D>);
     if constexpr (N == 128) wgmma_m64n128k32_ss(acc, desc_a, desc_b, ks > 0);
     else wgmma_m64n64k32_ss(acc, desc_a, desc_b, ks > 0);
   }
 }
-template <int N, int kTokens, SmemLayout L = SmemLayout::kCoreMatrix>
+template <int N, int kTokens, SmemLayout L>
 __device__ __forceinline__ void register_product(float (&acc)[N / 2], const uint32_t (&a)[kTokens / 32][4],
                                                  const uint8_t* bt) {
   const uint32_t bt_addr = tile_address(bt);
 #pragma unroll
   for (int kk = 0; kk < kTokens / 32; ++kk)
-    wgmma_m64nNk32_rs<N>(acc, a[kk], smem_descriptor<L>(bt_addr + kk * kStepAdvance<L>, kTransposedFormStride<kTokens>));
+    wgmma_m64nNk32_rs<N>(acc, a[kk], smem_descriptor<L>(bt_addr + kk * kStepAdvance, kTransposedFormStride<kTokens>));
 }
 
 }  // namespace flamia::cuda::sm90
