@@ -204,9 +204,10 @@ struct DkdvWork {
 // --- producer ----------------------------------------------------------------------------------
 // One warp: the K and V rows once, then per step: wait for an empty stage, TMA its Q, dO, Q^T and
 // dO^T codes (lane 0), store the step's per-query constants (the next step's inputs are loaded
-// meanwhile) and arrive on "full". Queries past the document end load the next document's codes
-// (or zeros past the tensor): finite E4M3 codes (the quantizer never writes NaN codes) that meet
-// exact-zero P~ and U in dV and dK, and columns of S^T and E^T that the masked path drops.
+// meanwhile) and arrive on "full". Queries past the document end load the next document's codes,
+// transposed slots the quantizer zeroed, or TMA's zeros past the tensor: finite E4M3 codes
+// (docs/KERNELS.md, "Loads") that meet exact-zero P~ and U in dV and dK, and columns of S^T and E^T
+// that the masked path drops.
 template <int D>
 __device__ __forceinline__ void produce(const DkdvArgs& args, const DkdvWork& w, DkdvShared<D>& sm) {
   const BackwardParams& p = args.p;

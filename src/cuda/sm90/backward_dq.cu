@@ -146,9 +146,9 @@ struct DqWork {
 // --- producer ----------------------------------------------------------------------------------
 // One warp: the Q and dO rows once, then per key tile: wait for an empty stage, TMA its K, V and
 // K^T codes (lane 0), store its keys' scale factors (the next tile's bytes are loaded meanwhile)
-// and arrive on "full". Keys past the document end load the next document's codes (or zeros past
-// the tensor): finite E4M3 codes (the quantizer never writes NaN codes) that meet an exact-zero U
-// in dQ = U.K, and columns of S and E that the masked path drops.
+// and arrive on "full". Keys past the document end load the next document's codes, transposed
+// slots the quantizer zeroed, or TMA's zeros past the tensor: finite E4M3 codes (docs/KERNELS.md,
+// "Loads") that meet an exact-zero U in dQ = U.K, and columns of S and E that the masked path drops.
 template <int D>
 __device__ __forceinline__ void produce(const DqArgs& args, const DqWork& w, DqShared<D>& sm) {
   const BackwardParams& p = args.p;

@@ -111,8 +111,9 @@ __device__ __forceinline__ void store_lane_scales(const TileScaleBytes& b, const
 // One warp: Q once, then per key tile i: wait until stage i % kStages is empty, TMA its K and V^T
 // codes (lane 0), store the per-key scale factors (lane = key mod 32; the bytes of tile i + 1 are
 // loaded meanwhile), then every lane arrives on "full". Keys past the document end load the next
-// document's codes (or zeros past the tensor): finite E4M3 codes (the quantizer never writes NaN
-// codes) whose P is exactly 0, and columns of S that the masked path drops.
+// document's codes, transposed slots the quantizer zeroed, or TMA's zeros past the tensor: finite
+// E4M3 codes (docs/KERNELS.md, "Loads") whose P is exactly 0, and columns of S that the masked
+// path drops.
 template <int D>
 __device__ __forceinline__ void produce(const ForwardArgs& args, const CtaWork& w, SharedTiles<D>& sm) {
   const ForwardParams& p = args.p;
