@@ -1,3 +1,4 @@
+// Host side of TMA (tensor_map.h): the driver's tensor-map encoder and the two code layouts.
 #include "cuda/sm90/tensor_map.h"
 
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
@@ -19,6 +20,11 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encoder;
 }
 
+// The swizzle whose span is a whole row of the tile (64 or 128 bytes).
+CUtensorMapSwizzle swizzle_for_row(int row_bytes) {
+  return row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+}
+
 }  // namespace
 
 cudaError_t make_byte_tensor_map(CUtensorMap& map, const void* base, int rank, const cuuint64_t* dims,
@@ -31,13 +37,6 @@ cudaError_t make_byte_tensor_map(CUtensorMap& map, const void* base, int rank, c
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
-
-namespace {
-// The swizzle whose span is a whole row of the tile (64 or 128 bytes).
-CUtensorMapSwizzle swizzle_for_row(int row_bytes) {
-  return row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
-}
-}  // namespace
 
 cudaError_t rows_form_map(CUtensorMap& map, const uint8_t* codes, int tokens, int heads, int dim, int box_rows) {
   if (dim != 64 && dim != 128) return cudaErrorInvalidValue;
