@@ -174,7 +174,7 @@ __device__ __forceinline__ void rescale_output(float (&o_acc)[N], const float (&
 // A masked tile (it holds keys some row must not see: the diagonal tile, a document's last),
 // element by element as the emulation states it: s = S 2^eq_i 2^ek_j scale log2(e) on visible keys,
 // -inf elsewhere; p = 2^(s - m); l sums unrounded p; s is left holding p 2^(ev_j + fold_bias_i),
-// which pack_p_operand rounds to P~. Masked keys contribute an exact 0, even when their V scale is NaN.
+// which pack_a_operand rounds to P~. Masked keys contribute an exact 0, even when their V scale is NaN.
 template <int D>
 __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyTileStage<D>& st,
                                             const float (&q_factor)[2], const int (&fold_bias)[2], int k0, int len,
@@ -271,13 +271,6 @@ __device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const Ke
   for (int r = 0; r < 2; ++r) l[r] += (part_sum[r][0] + part_sum[r][1]) + (part_sum[r][2] + part_sum[r][3]);
 }
 
-// Rounds a tile's P operand values (left in s by the softmax) to E4M3 and packs them as the
-// register A operand of P.V.
-__device__ __forceinline__ void pack_p_operand(const float (&s)[kKeyTile / 2], uint32_t (&pa)[kKeyTile / 32][4]) {
-#pragma unroll
-  for (int kk = 0; kk < kKeyTile / 32; ++kk) pack_a_step(*reinterpret_cast<const float(*)[4][4]>(s + 16 * kk), pa[kk]);
-}
-
 // --- consumers ---------------------------------------------------------------------------------
 // A warpgroup of 64 query rows. Step i (0..tiles) issues S_i = Q.K_i (i < tiles) and
 // O += P~_{i-1}.V_{i-1} (i > 0) together, computes tile i's softmax while P.V runs, then, once
@@ -353,7 +346,7 @@ __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& 
     wgmma_wait<0>();
     float alpha[2];
     softmax(0, alpha);  // O is still 0: nothing to rescale
-    pack_p_operand(s, pa);
+    pack_a_operand<kKeyTile>(s, pa);
   }
   for (int i = 1; i < w.tiles; ++i) {
     sm.ring.wait_full(i);
@@ -367,7 +360,7 @@ __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& 
     fence_accumulators(o_acc);
     if (lane == 0) sm.ring.arrive_empty(i - 1);  // this warp is done with tile i-1
     rescale_output(o_acc, alpha);
-    pack_p_operand(s, pa);
+    pack_a_operand<kKeyTile>(s, pa);
   }
   {  // last step: the last tile's P.V alone
     wgmma_fence();

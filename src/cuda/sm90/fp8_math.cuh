@@ -60,4 +60,12 @@ __device__ __forceinline__ void pack_a_step(const float (&x)[4][4], uint32_t (&a
   a[3] = pack_e4m3x2(x[2][2], x[2][3]) | (pack_e4m3x2(x[3][2], x[3][3]) << 16);
 }
 
+// Packs a whole m64nN accumulator (kCols columns, values already transformed) into the register A
+// operand of the next product, one k32 step per 32 columns.
+template <int kCols>
+__device__ __forceinline__ void pack_a_operand(const float (&x)[kCols / 2], uint32_t (&a)[kCols / 32][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kCols / 32; ++kk) pack_a_step(*reinterpret_cast<const float(*)[4][4]>(x + 16 * kk), a[kk]);
+}
+
 }  // namespace flamia::cuda::sm90
