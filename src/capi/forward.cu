@@ -63,6 +63,7 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   p.softmax_scale = resolved_softmax_scale(*options, D);
   p.p_boost_log2 = options->p_boost_log2;
   p.causal = options->causal == 1;
+  p.group_scales = numerics.effective_geometry() == ScaleGeometry::kBlock32;
   cudaError_t err = static_cast<cudaError_t>(cuda::sm90::launch_forward(p, stream));
   if (err == cudaSuccess) err = cudaGetLastError();
   if (err != cudaSuccess) return cuda_error("the forward kernel (launch_forward)", err);

@@ -271,6 +271,67 @@ __device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const Ke
   for (int r = 0; r < 2; ++r) l[r] += (part_sum[r][0] + part_sum[r][1]) + (part_sum[r][2] + part_sum[r][3]);
 }
 
+// The interior tile when every 32-key group shares its K and V scales (block32 geometry; a tile
+// holds kKeyTile / 32 whole groups, counted from the document start like the tiles): the same
+// numbers with two multiplies per score fewer.
+//   - the max runs over the raw S of each group, times the group's 2^ek (exact: a positive power
+//     of two commutes with the max);
+//   - s - m as fmaf(S, 2^ek_g q_factor_i, -m): the product 2^ek_g q_factor_i is exact, so the FMA's
+//     one rounding is that of fmaf(S 2^ek, q_factor_i, -m) above (outside the float range of
+//     2^ek q_factor, i.e. scales near 2^+-126, the two may differ by that rounding);
+//   - the V fold as one factor per (row, group), v_pow_g row_pow_i (exact as above).
+template <int D>
+__device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], const KeyTileStage<D>& st,
+                                                      const float (&q_factor)[2], const float (&row_pow)[2],
+                                                      float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+  constexpr int kGroups = kKeyTile / tiling::kScaleBlock, kBlocksPerGroup = kKeyBlocks / kGroups;
+  static_assert(kGroups == 4, "four groups per tile: four partial maxima per row");
+  float group_max[2][kGroups];
+  for (int r = 0; r < 2; ++r)
+    for (int g = 0; g < kGroups; ++g) group_max[r][g] = -INFINITY;
+#pragma unroll
+  for (int nb = 0; nb < kKeyBlocks; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float& gm = group_max[e >> 1][nb / kBlocksPerGroup];
+      gm = fmaxf(gm, s[nb * 4 + e]);
+    }
+  float k_col[kGroups], v_pow[kGroups];  // the group's factors (its first key's; all keys share them)
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    k_col[g] = st.k_col[g * tiling::kScaleBlock];
+    v_pow[g] = st.v_pow[g * tiling::kScaleBlock];
+  }
+  float tile_max[2], neg_m[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tile_max[r] = fmaxf(fmaxf(group_max[r][0] * k_col[0], group_max[r][1] * k_col[1]),
+                        fmaxf(group_max[r][2] * k_col[2], group_max[r][3] * k_col[3]));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2)) * q_factor[r];
+  }
+  update_running_max(tile_max, m, l, alpha);
+  for (int r = 0; r < 2; ++r) neg_m[r] = m[r] == -INFINITY ? 0.f : -m[r];
+
+  float part_sum[2][kGroups] = {};
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const float exponent_factor[2] = {k_col[g] * q_factor[0], k_col[g] * q_factor[1]};
+    const float fold[2] = {v_pow[g] * row_pow[0], v_pow[g] * row_pow[1]};
+#pragma unroll
+    for (int nb = g * kBlocksPerGroup; nb < (g + 1) * kBlocksPerGroup; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        float& x = s[nb * 4 + e];
+        const float pe = exp2_ftz(fmaf(x, exponent_factor[r], neg_m[r]));
+        part_sum[r][g] += pe;
+        x = pe * fold[r];
+      }
+  }
+  for (int r = 0; r < 2; ++r) l[r] += (part_sum[r][0] + part_sum[r][1]) + (part_sum[r][2] + part_sum[r][3]);
+}
+
 // --- consumers ---------------------------------------------------------------------------------
 // A warpgroup of 64 query rows. Step i (0..tiles) issues S_i = Q.K_i (i < tiles) and
 // O += P~_{i-1}.V_{i-1} (i > 0) together, computes tile i's softmax while P.V runs, then, once
@@ -323,9 +384,10 @@ __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& 
     // looks past a row.
     const KeyTileStage<D>& st = sm.stage[sm.ring.stage(i)];
     const int k0 = key_tile_start(w, i);
-    if (k0 + kKeyTile <= w.len && (!p.causal || k0 + kKeyTile - 1 <= w.q0))
-      interior_tile(s, st, q_factor, row_pow, t, m, l, alpha);
-    else
+    if (k0 + kKeyTile <= w.len && (!p.causal || k0 + kKeyTile - 1 <= w.q0)) {
+      if (p.group_scales) interior_tile_grouped(s, st, q_factor, row_pow, m, l, alpha);
+      else interior_tile(s, st, q_factor, row_pow, t, m, l, alpha);
+    } else
       masked_tile(s, st, q_factor, fold_bias, k0, w.len, p.causal, rows, row_valid, t, m, l, alpha);
   };
   auto issue_s = [&](int i) {

@@ -26,6 +26,9 @@ struct ForwardParams {
   float softmax_scale;  // already resolved (never 0)
   int p_boost_log2;
   bool causal;
+  // Every 32-token group of a document shares one K scale and one V scale (block32 geometry): the
+  // interior tiles take one K factor and one V fold factor per group instead of per key.
+  bool group_scales;
 };
 
 // Returns the cudaError_t of the launch as an int (0 = success). head_dim must be 64 or 128.
