@@ -65,6 +65,7 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   p.softmax_scale = resolved_softmax_scale(*options, D);
   p.p_boost_log2 = options->p_boost_log2;
   p.causal = options->causal == 1;
+  p.group_scales = numerics.effective_geometry() == ScaleGeometry::kBlock32;
 
   const std::pair<int (*)(const cuda::sm90::BackwardParams&, void*), const char*> passes[] = {
       {cuda::sm90::launch_backward_prep, "the backward prep kernel (launch_backward_prep)"},

@@ -37,6 +37,9 @@ struct BackwardParams {
   float softmax_scale;  // already resolved (never 0)
   int p_boost_log2;
   bool causal;
+  // Every 32-token group of a document shares one scale per operand (block32 geometry): interior
+  // tiles take one factor per group instead of per token.
+  bool group_scales;
 };
 
 // Each returns the cudaError_t of its launch as an int (0 = success); head_dim must be 64 or 128.

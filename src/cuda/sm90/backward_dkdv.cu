@@ -192,6 +192,43 @@ __device__ __forceinline__ void interior_pu(const float (&s)[kQueryTile / 2], fl
   for (int r = 0; r < 2; ++r) amax[r] = fmaxf(part_max[r][0], part_max[r][1]);
 }
 
+// The interior step when every 32-query group shares its Q and dO scales (block32 geometry): the
+// same numbers as interior_pu with two multiplies per element fewer: the exponent as
+// fmaf(S, 2^eq_g k_factor_j, -lse2) and E 2^ev 2^eg - D as fmaf(E, 2^(ev_j + eg_g), -D), the
+// products of powers of two exact, so each keeps interior_pu's one rounding (except where those
+// products leave the float range: scales near 2^+-126).
+__device__ __forceinline__ void interior_pu_grouped(const float (&s)[kQueryTile / 2], float (&e)[kQueryTile / 2],
+                                                    const QueryTileConsts& qc, const float (&k_factor)[2],
+                                                    const float (&v_pow)[2], int t, float (&amax)[2],
+                                                    uint32_t (&pa)[kQueryTile / 32][4]) {
+  static_assert(tiling::kScaleBlock == 32, "one 32-query group per k32 step of the P operand");
+  float part_max[2][2] = {{amax[0], amax[0]}, {amax[1], amax[1]}};
+#pragma unroll
+  for (int kk = 0; kk < kQueryTile / 32; ++kk) {  // step kk holds query group kk
+    const float4 cg = qc.c[kk * 32];              // the group's 2^eq, 2^eg, dV fold (its first query's)
+    const float exponent_factor[2] = {cg.x * k_factor[0], cg.x * k_factor[1]};
+    const float e_factor[2] = {v_pow[0] * cg.y, v_pow[1] * cg.y};
+    float pf[4][4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const int nb = kk * 4 + b;
+      const float2 lse2 = make_float2(qc.c[nb * 8 + 2 * t].w, qc.c[nb * 8 + 2 * t + 1].w);  // -LSE log2(e)
+      const float2 dl = *reinterpret_cast<const float2*>(qc.delta + nb * 8 + 2 * t);
+#pragma unroll
+      for (int el = 0; el < 4; ++el) {
+        const int r = el >> 1, x = nb * 4 + el;
+        const float pij = exp2_ftz(fmaf(s[x], exponent_factor[r], (el & 1) ? lse2.y : lse2.x));
+        const float w = pij * fmaf(e[x], e_factor[r], -((el & 1) ? dl.y : dl.x)) * cg.x;
+        pf[b][el] = pij * cg.z;
+        e[x] = w;
+        part_max[r][b & 1] = fmaxf(part_max[r][b & 1], fabsf(w));
+      }
+    }
+    pack_a_step(pf, pa[kk]);
+  }
+  for (int r = 0; r < 2; ++r) amax[r] = fmaxf(part_max[r][0], part_max[r][1]);
+}
+
 // What both the producer and the consumers know about the CTA's work.
 struct DkdvWork {
   DocumentSpan d;
@@ -289,7 +326,8 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
     uint32_t pa[kQueryTile / 32][4], ua[kQueryTile / 32][4];
     const bool interior = q0 + kQueryTile <= d.len && (!p.causal || w.k0 + wg_key + kWarpgroupRows - 1 <= q0);
     if (interior) {
-      interior_pu(s, e, st.consts, k_factor, v_pow, t, amax, pa);
+      if (p.group_scales) interior_pu_grouped(s, e, st.consts, k_factor, v_pow, t, amax, pa);
+      else interior_pu(s, e, st.consts, k_factor, v_pow, t, amax, pa);
     } else {
       masked_pu(s, e, st.consts, k_factor, v_pow, keys, d, q0, p.causal, t, amax, pa);
     }
