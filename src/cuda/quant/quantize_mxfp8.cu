@@ -39,6 +39,7 @@ constexpr int kChunk = 8;  // BF16 features per 16-byte load
 constexpr int kMaxDim = 256;
 constexpr int kMaxItemsPerThread = kTileTokens * (kMaxDim / kChunk) / kThreads;  // (row, chunk) items
 constexpr int kMaxGridY = 65535;
+constexpr int kHeadsPerCta = 4;  // heads per CTA: the document bisection, once per slot, serves them
 static_assert(kTileTokens == 32, "one warp-sized tile of positions per CTA step");
 static_assert(kTileTokens == layout::kKeyStep, "a CTA step writes whole steps of the transposed layout");
 // The step's codes, kept for the transposed store: rows = positions; 8-byte aligned rows, and a
@@ -82,7 +83,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ uint8_t row_scale[kTileTokens];
   __shared__ __align__(16) uint8_t tile_codes[kTileTokens * kTilePitch];
   const int64_t transposed_pitch = layout::transposed_tokens(total_tokens, num_docs);
-  const int h = int(blockIdx.y);
+  // This CTA's heads: one document lookup serves them all.
+  const int h_first = int(blockIdx.y) * kHeadsPerCta, h_end = min(heads, h_first + kHeadsPerCta);
   const int chunks = dim / kChunk;
   const int items = kTileTokens * chunks;
   const bool per_token = geometry == ScaleGeometry::kToken;
@@ -95,9 +97,9 @@ __global__ void __launch_bounds__(kThreads)
       // An idle slot: its step of the transposed layout holds no token. Zero it, so that the whole
       // layout is defined (the attention kernels' tile loads run past a document's end).
       if (transposed_codes) {
-        for (int i = int(threadIdx.x); i < 2 * dim; i += kThreads) {
-          const int f = i % dim, half = i / dim;
-          *reinterpret_cast<uint4*>(transposed_codes + (int64_t(h) * dim + f) * transposed_pitch + slot * kTileTokens +
+        for (int i = int(threadIdx.x); i < 2 * dim * (h_end - h_first); i += kThreads) {
+          const int row = h_first * dim + i / 2, half = i % 2;  // row = head * dim + feature
+          *reinterpret_cast<uint4*>(transposed_codes + int64_t(row) * transposed_pitch + slot * kTileTokens +
                                     16 * half) = make_uint4(0u, 0u, 0u, 0u);
         }
       }
@@ -105,7 +107,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     const DocumentSpan d = work.span;
     const int64_t doc = work.doc;
-    {
+    for (int h = h_first; h < h_end; ++h) {
       const int p0 = work.tile * kTileTokens;
       // A block32 group is [p0, scale_group_end(p0)); a token tile is the same 32 positions.
       const int rows = scale_group_end(p0, ScaleGeometry::kBlock32, d.len) - p0;
@@ -189,8 +191,8 @@ __global__ void __launch_bounds__(kThreads)
               make_uint4(w[0], w[1], w[2], w[3]);
         }
       }
-      // No barrier needed before the next step: it first rewrites row_amax (last read before
-      // the second barrier above), rewrites row_scale only after two more barriers and
+      // No barrier needed before the next head or step: it first rewrites row_amax (last read
+      // before the second barrier above), rewrites row_scale only after two more barriers and
       // tile_codes after three.
     }
   }
@@ -261,7 +263,8 @@ cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, 
   const bool vec_store = reinterpret_cast<uintptr_t>(codes) % 8 == 0;
   constexpr int64_t kMaxGridX = (int64_t(1) << 31) - 1;  // CTAs loop over the slots beyond it
   const int64_t slot_count = slots::slot_count(total_tokens, num_docs, kTileTokens);
-  const dim3 grid(unsigned(slot_count < kMaxGridX ? slot_count : kMaxGridX), unsigned(heads));
+  const dim3 grid(unsigned(slot_count < kMaxGridX ? slot_count : kMaxGridX),
+                  unsigned((heads + kHeadsPerCta - 1) / kHeadsPerCta));
   if (vec_load) {
     quantize_mxfp8_kernel<true><<<grid, kThreads, 0, stream>>>(x, token_stride, head_stride, total_tokens, heads, dim,
                                                                cu_seqlens, num_docs, geometry, rule, vec_store, codes,
