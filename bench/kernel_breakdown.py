@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Where a flamia call spends its GPU time: per-kernel durations of one forward (--pass forward)
+or training call (--pass train) on the benchmark workloads, from the PyTorch profiler (CUPTI
+kernel records), summed per kernel family over --rounds calls after --warmup calls and divided by
+--rounds.
+
+Output: one markdown row per workload, ms per call for each kernel family (quantization of each
+tensor, forward, backward prep, dK dV, dQ, and 'other': every non-flamia kernel the op launches,
+e.g. allocator fills or dtype casts), the kernels' sum and the wall time per call (CUDA events
+around the same calls, so wall - sum is launch gaps and host time).
+
+Usage (repo root, GPU machine, flamia installed):
+  python3 bench/kernel_breakdown.py [--pass train] [--workloads 16x4096,longtail] [--rounds 10]
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import workloads as W  # noqa: E402
+
+# Kernel family of a CUDA kernel name; the first match wins (names are the kernels' C++ names).
+FAMILIES = (
+    ("quantize", "quantize"),
+    ("prefix_max", "v fold ref"),
+    ("forward_kernel", "forward"),
+    ("backward_prep", "bwd prep"),
+    ("backward_dkdv", "dK dV"),
+    ("backward_dq", "dQ"),
+)
+
+
+def family(name):
+    for needle, label in FAMILIES:
+        if needle in name:
+            return label
+    return "other"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pass", dest="pass_", choices=("forward", "train"), default="forward")
+    p.add_argument("--workloads", default="all", help="comma-separated names (default: all nine)")
+    p.add_argument("--rounds", type=int, default=10, help="profiled calls per workload (default 10)")
+    p.add_argument("--warmup", type=int, default=3, help="unprofiled calls first (default 3)")
+    args = p.parse_args(argv)
+    names = list(W.WORKLOADS) if args.workloads == "all" else args.workloads.split(",")
+    unknown = [n for n in names if n not in W.WORKLOADS]
+    if unknown:
+        p.error(f"unknown workload(s) {unknown}; known: {', '.join(W.WORKLOADS)}")
+    if args.rounds < 1 or args.warmup < 0:
+        p.error("--rounds must be >= 1 and --warmup >= 0")
+    args.names = names
+    return args
+
+
+def one_workload(torch, flamia, name, args):
+    w = W.WORKLOADS[name]
+    lens, hq, hkv, d = w["lens"], W.Q_HEADS, W.kv_heads(w), W.HEAD_DIM
+    g = torch.Generator(device="cuda").manual_seed(0)
+    train = args.pass_ == "train"
+    q, k, v = (torch.randn(W.TOTAL, h, d, generator=g, device="cuda", dtype=torch.bfloat16).requires_grad_(train)
+               for h in (hq, hkv, hkv))
+    dout = torch.randn(W.TOTAL, hq, d, generator=g, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor(W.cu_seqlens(lens), dtype=torch.int32, device="cuda")
+
+    def call():
+        o = flamia.attention(q, k, v, cu, max(lens))
+        if train:
+            torch.autograd.grad(o, (q, k, v), dout)
+
+    for _ in range(args.warmup):
+        call()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        start.record()
+        for _ in range(args.rounds):
+            call()
+        stop.record()
+        torch.cuda.synchronize()
+    per_family = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0:
+            label = family(e.name)
+            per_family[label] = per_family.get(label, 0.0) + e.device_time_total / 1e3 / args.rounds
+    return per_family, start.elapsed_time(stop) / args.rounds
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+    import flamia
+    if not torch.cuda.is_available():
+        sys.exit("kernel_breakdown: needs a CUDA GPU")
+    columns = [label for _, label in FAMILIES] + ["other"]
+    rows = []
+    for name in args.names:
+        print(f"breakdown: {name} ...", file=sys.stderr, flush=True)
+        per_family, wall = one_workload(torch, flamia, name, args)
+        rows.append((name, per_family, wall))
+    used = [c for c in columns if any(c in r[1] for r in rows)]
+    print(f"ms per {args.pass_} call ({args.rounds} calls after {args.warmup} warm-up, {torch.cuda.get_device_name()})\n")
+    print("| workload | " + " | ".join(used) + " | kernels | wall |")
+    print("|---" * (len(used) + 3) + "|")
+    for name, per_family, wall in rows:
+        cells = [f"{per_family.get(c, 0.0):.3f}" for c in used]
+        print(f"| {name} | " + " | ".join(cells) + f" | {sum(per_family.values()):.3f} | {wall:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
