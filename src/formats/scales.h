@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "formats/host_device.h"
 #include "formats/minifloat.h"
@@ -51,6 +52,26 @@ FLAMIA_HD uint8_t scale_for_amax(double amax, ScaleRule rule) {
   int e = k - 1 - kE4M3MaxExponent;
   // amax / 2^e = frac * 2^9 lies in [256, 512); ceil bumps e when that exceeds 448 = 0.875 * 2^9.
   if (rule == ScaleRule::kCeil && frac > kE4M3Max / 512.0) e += 1;
+  return encode_ue8m0(e);
+}
+
+// scale_for_amax for a float amax >= +0 (or NaN/Inf), from its bits alone: the kernels' per-row
+// scales (sigma, tau of the backward) take it on every tile, where the double frexp was a hot spot.
+// Equal to scale_for_amax(double(amax), rule) for every such float (tested over every exponent).
+// A float's frexp fraction is (1 + mantissa / 2^23) / 2, so "frac > 448 / 512" is a mantissa test;
+// zero and subnormal amax (floor(log2) <= -127, so e <= -135) clamp to the smallest exponent.
+FLAMIA_HD uint8_t scale_for_float_amax(float amax, ScaleRule rule) {
+  constexpr int kFloatBias = 127, kMantissaBits = 23;
+  // mantissa / 2^23 > 2 * 448 / 512 - 1 = 0.75 (exact: the threshold is an integer)
+  constexpr uint32_t kCeilMantissa = uint32_t((2.0 * kE4M3Max / 512.0 - 1.0) * (1u << kMantissaBits));
+  static_assert(kE4M3MaxExponent == 8 && kCeilMantissa == 0x600000u, "448 = 1.75 * 2^8");
+  uint32_t bits;
+  std::memcpy(&bits, &amax, sizeof bits);
+  const int biased = int(bits >> kMantissaBits) & 0xff;
+  if (biased == 0xff) return kUe8m0NaN;
+  if (biased == 0) return encode_ue8m0(kMinScaleExponent);
+  int e = biased - kFloatBias - kE4M3MaxExponent;
+  if (rule == ScaleRule::kCeil && (bits & ((1u << kMantissaBits) - 1)) > kCeilMantissa) e += 1;
   return encode_ue8m0(e);
 }
 

@@ -309,6 +309,23 @@ TEST(ScaleForAmax, ZeroAmaxUsesTheSmallestExponentAndNonFiniteAmaxIsNaN) {
   EXPECT_EQ(scale_for_amax(0x1p-200, ScaleRule::kFloor), 0x00);
 }
 
+TEST(ScaleForAmax, FloatBitsFormEqualsTheDoubleRuleOnEveryExponent) {
+  // Every float exponent (zero, subnormals, normals, Inf/NaN) with the mantissas at and around the
+  // ceil threshold (1.75 = 0x600000), the ends, and random ones.
+  std::mt19937 rng(5);
+  for (uint32_t biased = 0; biased <= 0xff; ++biased) {
+    std::vector<uint32_t> mantissas = {0, 1, 2, 0x400000, 0x5fffff, 0x600000, 0x600001, 0x7ffffe, 0x7fffff};
+    for (int i = 0; i < 2000; ++i) mantissas.push_back(rng() & 0x7fffff);
+    for (uint32_t mantissa : mantissas) {
+      const float amax = std::bit_cast<float>(biased << 23 | mantissa);
+      for (ScaleRule rule : {ScaleRule::kCeil, ScaleRule::kFloor})
+        ASSERT_EQ(scale_for_float_amax(amax, rule), scale_for_amax(double(amax), rule))
+            << std::hexfloat << amax << " rule " << int(rule);
+    }
+  }
+  EXPECT_EQ(scale_for_float_amax(-0.0f, ScaleRule::kCeil), 0x00);
+}
+
 // BF16 values as the top half of a float32.
 double bf16_value(uint16_t bits) { return std::bit_cast<float>(uint32_t(bits) << 16); }
 

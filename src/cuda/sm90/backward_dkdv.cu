@@ -333,7 +333,7 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
     }
     float tau_pow[2], tau_inv[2];
     for (int r = 0; r < 2; ++r) {
-      const int tau = scale_exponent(formats::scale_for_amax(double(quad_nan_max(amax[r])), formats::ScaleRule::kCeil));
+      const int tau = scale_exponent(formats::scale_for_float_amax(quad_nan_max(amax[r]), formats::ScaleRule::kCeil));
       tau_pow[r] = pow2i(tau);
       tau_inv[r] = tau == kNaNExponent ? pow2i(kNaNExponent) : pow2i(-tau);
     }

@@ -274,7 +274,7 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, DqS
     }
     float sigma_pow[2], sigma_inv[2];
     for (int r = 0; r < 2; ++r) {
-      const int sigma = scale_exponent(formats::scale_for_amax(double(quad_nan_max(amax[r])), formats::ScaleRule::kCeil));
+      const int sigma = scale_exponent(formats::scale_for_float_amax(quad_nan_max(amax[r]), formats::ScaleRule::kCeil));
       sigma_pow[r] = pow2i(sigma);
       sigma_inv[r] = sigma == kNaNExponent ? pow2i(kNaNExponent) : pow2i(-sigma);
     }

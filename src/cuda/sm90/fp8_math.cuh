@@ -11,7 +11,12 @@
 
 namespace flamia::cuda::sm90 {
 
-__device__ __forceinline__ float nan_max(float a, float b) { return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
+// max(a, b), NaN when either is NaN (the canonical NaN): one FMNMX.NAN (PTX max.NaN, sm_80+).
+__device__ __forceinline__ float nan_max(float a, float b) {
+  float y;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b));
+  return y;
+}
 
 inline constexpr int kNaNExponent = 1 << 20;  // stands for the UE8M0 NaN code in exponent arithmetic
 
