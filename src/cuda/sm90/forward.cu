@@ -46,7 +46,7 @@ constexpr int kWarpgroupRows = 4 * kRowsPerWarp;     // 64: the m64 of every pro
 constexpr int kQueryRows = kConsumers * kWarpgroupRows;  // 128 queries per CTA
 constexpr int kKeyTile = tiling::kFwdKeyTile;        // 128 keys per online-softmax step
 constexpr int kKeyBlocks = kKeyTile / 8;             // n8 blocks of S per tile
-constexpr int kStages = 3;  // tile i's K and V, tile i-1's V (still in P.V) and tile i+1 landing
+constexpr int kStages = 5;  // tile i's K and V, tile i-1's V (still in P.V), tiles i+1.. landing
 static_assert(kQueryRows == tiling::kFwdQueryTile && tiling::kFwdKeyTile % kQueryRows == 0,
               "a CTA's rows are one forward query tile and share their diagonal key tile");
 // Registers per thread after the hand-over: 128 x 40 + 256 x 232 = 64512 of the SM's 65536.
