@@ -26,14 +26,22 @@ inline constexpr SmemLayout kSwizzleFor = kRowBytes == 128 ? SmemLayout::kSwizzl
 // Bytes to the next k32 step of a row.
 inline constexpr int kStepAdvance = 32;
 
-template <SmemLayout L>
-__device__ __forceinline__ uint64_t smem_descriptor(uint32_t addr, int row_group_stride) {
-  // Layout type (bits 62-63): 1 128-byte swizzle, 2 64-byte swizzle. The leading byte offset
-  // (bits 16-29) is unused by the swizzled K-major layouts (a step never leaves a row's span).
-  constexpr uint64_t type = L == SmemLayout::kSwizzle128B ? 1 : 2;
-  constexpr uint64_t kUnusedLeadingOffset = 128 >> 4;
-  return uint64_t((addr & 0x3FFFF) >> 4) | (kUnusedLeadingOffset << 16) |
-         (uint64_t((row_group_stride & 0x3FFFF) >> 4) << 32) | (type << 62);  // base offset 0
+// A K-major tile's descriptor, as two words. The low word holds the start address >> 4 (bits 0-13;
+// shared addresses stay below 2^18, so adding a k-step's kStepAdvance >> 4 never carries out of it)
+// and the leading byte offset (bits 16-29), unused by the swizzled K-major layouts (a step never
+// leaves a row's span). The high word holds the row-group stride (SBO, bits 32-45), the base offset
+// 0 and the layout type (bits 62-63: 1 128-byte swizzle, 2 64-byte swizzle): constants.
+__device__ __forceinline__ uint32_t descriptor_low(uint32_t addr) {
+  constexpr uint32_t kUnusedLeadingOffset = 128 >> 4;
+  return ((addr & 0x3FFFF) >> 4) | (kUnusedLeadingOffset << 16);
+}
+template <SmemLayout L, int kRowGroupStride>
+inline constexpr uint32_t kDescriptorHigh =
+    uint32_t((kRowGroupStride & 0x3FFFF) >> 4) | (uint32_t(L == SmemLayout::kSwizzle128B ? 1 : 2) << 30);
+// The descriptor of k-step ks of the tile whose low word is tile_low: one add per step.
+template <SmemLayout L, int kRowGroupStride>
+__device__ __forceinline__ uint64_t step_descriptor(uint32_t tile_low, int ks) {
+  return (uint64_t(kDescriptorHigh<L, kRowGroupStride>) << 32) | (tile_low + uint32_t(ks * (kStepAdvance >> 4)));
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -145,11 +153,11 @@ __device__ __forceinline__ uint32_t tile_address(const void* tile) {
 template <int D, int N, SmemLayout L>
 __device__ __forceinline__ void rows_product(float (&acc)[N / 2], const uint8_t* a, const uint8_t* b) {
   static_assert(N == 64 || N == 128, "S tiles of 64 or 128 columns");
-  const uint32_t a_addr = tile_address(a), b_addr = tile_address(b);
+  const uint32_t a_low = descriptor_low(tile_address(a)), b_low = descriptor_low(tile_address(b));
 #pragma unroll
   for (int ks = 0; ks < D / 32; ++ks) {
-    const uint64_t desc_a = smem_descriptor<L>(a_addr + ks * kStepAdvance, kRowsFormStride<D>);
-    const uint64_t desc_b = smem_descriptor<L>(b_addr + ks * kStepAdvance, kRowsFormStride<D>);
+    const uint64_t desc_a = step_descriptor<L, kRowsFormStride<D>>(a_low, ks);
+    const uint64_t desc_b = step_descriptor<L, kRowsFormStride<D>>(b_low, ks);
     if constexpr (N == 128) wgmma_m64n128k32_ss(acc, desc_a, desc_b, ks > 0);
     else wgmma_m64n64k32_ss(acc, desc_a, desc_b, ks > 0);
   }
@@ -157,10 +165,10 @@ __device__ __forceinline__ void rows_product(float (&acc)[N / 2], const uint8_t*
 template <int N, int kTokens, SmemLayout L>
 __device__ __forceinline__ void register_product(float (&acc)[N / 2], const uint32_t (&a)[kTokens / 32][4],
                                                  const uint8_t* bt) {
-  const uint32_t bt_addr = tile_address(bt);
+  const uint32_t bt_low = descriptor_low(tile_address(bt));
 #pragma unroll
   for (int kk = 0; kk < kTokens / 32; ++kk)
-    wgmma_m64nNk32_rs<N>(acc, a[kk], smem_descriptor<L>(bt_addr + kk * kStepAdvance, kTransposedFormStride<kTokens>));
+    wgmma_m64nNk32_rs<N>(acc, a[kk], step_descriptor<L, kTransposedFormStride<kTokens>>(bt_low, kk));
 }
 
 }  // namespace flamia::cuda::sm90
