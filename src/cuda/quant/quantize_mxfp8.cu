@@ -21,6 +21,7 @@
 #include "cuda/quant/quantize_mxfp8.cuh"
 
 #include <cmath>
+#include <type_traits>
 
 #include "core/document_slots.h"
 #include "core/documents.h"
@@ -38,6 +39,7 @@ constexpr int kThreads = 256;
 constexpr int kChunk = 8;  // BF16 features per 16-byte load
 constexpr int kMaxDim = 256;
 constexpr int kMaxItemsPerThread = kTileTokens * (kMaxDim / kChunk) / kThreads;  // (row, chunk) items
+constexpr int kItemsUpTo128 = kTileTokens * (128 / kChunk) / kThreads;              // ... when D <= 128
 constexpr int kMaxGridY = 65535;
 constexpr int kHeadsPerCta = 4;  // heads per CTA: the document bisection, once per slot, serves them
 static_assert(kTileTokens == 32, "one warp-sized tile of positions per CTA step");
@@ -68,23 +70,29 @@ __device__ __forceinline__ uint4 load_chunk(const __nv_bfloat16* src) {
   }
 }
 
-// Grid (document tile slots of 32 positions, heads; core/document_slots.h); each CTA step owns
-// positions [p0, p0 + 32) of one document and one head: one block32 group, or 32 token groups. Its kThreads threads split the
-// tile's rows x (dim / 8) chunks; each thread keeps its (up to 4) 16-byte chunks in registers
-// between the amax pass and the encode pass, so x is read once. With transposed codes the step's
-// codes also go through shared memory: each (feature, 16-slot half) of the step is one 16-byte store.
-template <bool kVecLoad>
+// Grid (document tile slots of 32 positions, head groups of kHeadsPerCta; core/document_slots.h).
+// Each CTA step owns positions [p0, p0 + 32) of one document for its heads: per head one block32
+// group, or 32 token groups. Its kThreads threads split the tile's rows x (dim / 8) chunks, kItems
+// per thread and head. The step runs in phases over all its heads at once, so every head's loads
+// are in flight together (the pass is bound by DRAM latency otherwise) and a step takes three
+// barriers, not three per head:
+//   1. load every head's chunks into registers (x is read once) and take the groups' amax;
+//   2. one thread per (head, row) turns its amax into the scale;
+//   3. encode, store row-form codes, and keep the codes in shared memory when the transposed layout
+//      is wanted; 4. (transposed) each (head, feature, 16-slot half) is one 16-byte store.
+template <bool kVecLoad, int kItems>
 __global__ void __launch_bounds__(kThreads)
     quantize_mxfp8_kernel(const __nv_bfloat16* __restrict__ x, int64_t token_stride, int64_t head_stride,
                           int total_tokens, int heads, int dim, const int32_t* __restrict__ cu_seqlens, int num_docs,
                           ScaleGeometry geometry, ScaleRule rule, bool vec_store, uint8_t* __restrict__ codes,
                           uint8_t* __restrict__ transposed_codes, uint8_t* __restrict__ scales) {
-  __shared__ uint32_t row_amax[kTileTokens];  // sign-cleared BF16 patterns; block32 uses slot 0
-  __shared__ uint8_t row_scale[kTileTokens];
-  __shared__ __align__(16) uint8_t tile_codes[kTileTokens * kTilePitch];
+  // Per (head of the CTA, row): sign-cleared BF16 amax patterns (block32 uses row 0) and scales.
+  __shared__ uint32_t row_amax[kHeadsPerCta][kTileTokens];
+  __shared__ uint8_t row_scale[kHeadsPerCta][kTileTokens];
+  __shared__ __align__(16) uint8_t tile_codes[kHeadsPerCta][kTileTokens * kTilePitch];
   const int64_t transposed_pitch = layout::transposed_tokens(total_tokens, num_docs);
   // This CTA's heads: one document lookup serves them all.
-  const int h_first = int(blockIdx.y) * kHeadsPerCta, h_end = min(heads, h_first + kHeadsPerCta);
+  const int h_first = int(blockIdx.y) * kHeadsPerCta, cta_heads = min(heads - h_first, kHeadsPerCta);
   const int chunks = dim / kChunk;
   const int items = kTileTokens * chunks;
   const bool per_token = geometry == ScaleGeometry::kToken;
@@ -97,7 +105,7 @@ __global__ void __launch_bounds__(kThreads)
       // An idle slot: its step of the transposed layout holds no token. Zero it, so that the whole
       // layout is defined (the attention kernels' tile loads run past a document's end).
       if (transposed_codes) {
-        for (int i = int(threadIdx.x); i < 2 * dim * (h_end - h_first); i += kThreads) {
+        for (int i = int(threadIdx.x); i < 2 * dim * cta_heads; i += kThreads) {
           const int row = h_first * dim + i / 2, half = i % 2;  // row = head * dim + feature
           *reinterpret_cast<uint4*>(transposed_codes + int64_t(row) * transposed_pitch + slot * kTileTokens +
                                     16 * half) = make_uint4(0u, 0u, 0u, 0u);
@@ -106,94 +114,108 @@ __global__ void __launch_bounds__(kThreads)
       continue;
     }
     const DocumentSpan d = work.span;
-    const int64_t doc = work.doc;
-    for (int h = h_first; h < h_end; ++h) {
-      const int p0 = work.tile * kTileTokens;
-      // A block32 group is [p0, scale_group_end(p0)); a token tile is the same 32 positions.
-      const int rows = scale_group_end(p0, ScaleGeometry::kBlock32, d.len) - p0;
-      const int t0 = d.begin + p0;
-      if (threadIdx.x < kTileTokens) row_amax[threadIdx.x] = 0u;
-      __syncthreads();
+    const int p0 = work.tile * kTileTokens;
+    // A block32 group is [p0, scale_group_end(p0)); a token tile is the same 32 positions.
+    const int rows = scale_group_end(p0, ScaleGeometry::kBlock32, d.len) - p0;
+    const int t0 = d.begin + p0;
 
-      uint4 v[kMaxItemsPerThread];
-      uint32_t local = 0;
+    // 1. Loads and amax. (row_amax was last read before the previous step's phase-2 barrier.)
+    for (int i = int(threadIdx.x); i < kHeadsPerCta * kTileTokens; i += kThreads) (&row_amax[0][0])[i] = 0u;
+    __syncthreads();
+    uint4 v[kHeadsPerCta][kItems];
 #pragma unroll
-      for (int k = 0; k < kMaxItemsPerThread; ++k) {
+    for (int hh = 0; hh < kHeadsPerCta; ++hh)
+#pragma unroll
+      for (int k = 0; k < kItems; ++k) {
         const int i = int(threadIdx.x) + k * kThreads;
         const int r = i / chunks, c = i - r * chunks;
-        v[k] = make_uint4(0u, 0u, 0u, 0u);
-        if (i < items && r < rows) {
-          v[k] = load_chunk<kVecLoad>(x + int64_t(t0 + r) * token_stride + int64_t(h) * head_stride + c * kChunk);
-          const uint32_t m = max_abs_bits(v[k]);
-          if (per_token) {
-            atomicMax(&row_amax[r], m);
-          } else {
-            local = max(local, m);
-          }
+        v[hh][k] = make_uint4(0u, 0u, 0u, 0u);
+        if (hh < cta_heads && i < items && r < rows)
+          v[hh][k] = load_chunk<kVecLoad>(x + int64_t(t0 + r) * token_stride + int64_t(h_first + hh) * head_stride +
+                                          c * kChunk);
+      }
+#pragma unroll
+    for (int hh = 0; hh < kHeadsPerCta; ++hh) {
+      uint32_t local = 0;  // padding chunks are zero: they never raise a max
+#pragma unroll
+      for (int k = 0; k < kItems; ++k) {
+        const int i = int(threadIdx.x) + k * kThreads;
+        const int r = i / chunks;
+        const uint32_t m = max_abs_bits(v[hh][k]);
+        if (per_token) {
+          if (i < items && r < rows) atomicMax(&row_amax[hh][r], m);
+        } else {
+          local = max(local, m);
         }
       }
       if (!per_token) {
         local = __reduce_max_sync(0xFFFFFFFFu, local);
-        if ((threadIdx.x & 31u) == 0) atomicMax(&row_amax[0], local);
+        if ((threadIdx.x & 31u) == 0) atomicMax(&row_amax[hh][0], local);
       }
-      __syncthreads();
+    }
+    __syncthreads();
 
-      if (int(threadIdx.x) < rows) {
-        const uint8_t s = formats::scale_for_amax(detail::bf16_bits_to_double(row_amax[per_token ? threadIdx.x : 0]), rule);
-        row_scale[threadIdx.x] = s;
-        scales[int64_t(t0 + int(threadIdx.x)) * heads + h] = s;
-      }
-      __syncthreads();
+    // 2. Scales, one thread per (head, row).
+    for (int j = int(threadIdx.x); j < cta_heads * kTileTokens; j += kThreads) {
+      const int hh = j / kTileTokens, r = j % kTileTokens;
+      if (r >= rows) continue;
+      const uint8_t s = formats::scale_for_amax(detail::bf16_bits_to_double(row_amax[hh][per_token ? r : 0]), rule);
+      row_scale[hh][r] = s;
+      scales[int64_t(t0 + r) * heads + h_first + hh] = s;
+    }
+    __syncthreads();
 
+    // 3. Codes. (tile_codes was last read in the previous step's phase 4, before two barriers.)
 #pragma unroll
-      for (int k = 0; k < kMaxItemsPerThread; ++k) {
+    for (int hh = 0; hh < kHeadsPerCta; ++hh) {
+      if (hh >= cta_heads) break;
+      const int h = h_first + hh;
+#pragma unroll
+      for (int k = 0; k < kItems; ++k) {
         const int i = int(threadIdx.x) + k * kThreads;
         const int r = i / chunks, c = i - r * chunks;
         if (i >= items) continue;
+        uint8_t* const staged = tile_codes[hh] + r * kTilePitch + c * kChunk;
         if (r >= rows) {  // past the document end: zero codes in the transposed layout's padding
-          if (transposed_codes) *reinterpret_cast<uint2*>(tile_codes + r * kTilePitch + c * kChunk) = make_uint2(0u, 0u);
+          if (transposed_codes) *reinterpret_cast<uint2*>(staged) = make_uint2(0u, 0u);
           continue;
         }
-        {
-          const uint8_t s = row_scale[r];
-          const uint32_t lo = detail::encode_scaled_e4m3x2(v[k].x, s) | (detail::encode_scaled_e4m3x2(v[k].y, s) << 16);
-          const uint32_t hi = detail::encode_scaled_e4m3x2(v[k].z, s) | (detail::encode_scaled_e4m3x2(v[k].w, s) << 16);
-          if (transposed_codes) *reinterpret_cast<uint2*>(tile_codes + r * kTilePitch + c * kChunk) = make_uint2(lo, hi);
-          if (!codes) continue;
-          uint8_t* dst = codes + (int64_t(t0 + r) * heads + h) * dim + c * kChunk;
-          if (vec_store) {
-            *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
-          } else {
+        const uint8_t s = row_scale[hh][r];
+        const uint32_t lo = detail::encode_scaled_e4m3x2(v[hh][k].x, s) | (detail::encode_scaled_e4m3x2(v[hh][k].y, s) << 16);
+        const uint32_t hi = detail::encode_scaled_e4m3x2(v[hh][k].z, s) | (detail::encode_scaled_e4m3x2(v[hh][k].w, s) << 16);
+        if (transposed_codes) *reinterpret_cast<uint2*>(staged) = make_uint2(lo, hi);
+        if (!codes) continue;
+        uint8_t* dst = codes + (int64_t(t0 + r) * heads + h) * dim + c * kChunk;
+        if (vec_store) {
+          *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+        } else {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              dst[j] = uint8_t(lo >> (8 * j));
-              dst[4 + j] = uint8_t(hi >> (8 * j));
-            }
+          for (int j = 0; j < 4; ++j) {
+            dst[j] = uint8_t(lo >> (8 * j));
+            dst[4 + j] = uint8_t(hi >> (8 * j));
           }
         }
       }
-      if (transposed_codes) {
-        // Slot p0 + permuted_position(j) of the document holds position p0 + j: the 16 slots of
-        // half `half` of the step hold rows permuted_key(16 half + 0..15).
-        __syncthreads();
-        const int64_t first_slot = layout::transposed_document_start(d.begin, doc) + p0;
-        for (int i = int(threadIdx.x); i < 2 * dim; i += kThreads) {
-          const int f = i % dim, half = i / dim;
-          uint32_t w[4];
+    }
+
+    // 4. The transposed layout: slot p0 + permuted_position(j) of the document holds position
+    // p0 + j, so the 16 slots of half `half` of the step hold rows permuted_key(16 half + 0..15).
+    if (transposed_codes) {
+      __syncthreads();
+      const int64_t first_slot = layout::transposed_document_start(d.begin, work.doc) + p0;
+      for (int i = int(threadIdx.x); i < 2 * dim * cta_heads; i += kThreads) {
+        const int f = i % dim, half = (i / dim) % 2, hh = i / (2 * dim);
+        uint32_t w[4];
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            w[q] = 0u;
+        for (int q = 0; q < 4; ++q) {
+          w[q] = 0u;
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-              w[q] |= uint32_t(tile_codes[layout::permuted_key(16 * half + 4 * q + j) * kTilePitch + f]) << (8 * j);
-          }
-          *reinterpret_cast<uint4*>(transposed_codes + (int64_t(h) * dim + f) * transposed_pitch + first_slot + 16 * half) =
-              make_uint4(w[0], w[1], w[2], w[3]);
+          for (int j = 0; j < 4; ++j)
+            w[q] |= uint32_t(tile_codes[hh][layout::permuted_key(16 * half + 4 * q + j) * kTilePitch + f]) << (8 * j);
         }
+        *reinterpret_cast<uint4*>(transposed_codes + (int64_t(h_first + hh) * dim + f) * transposed_pitch + first_slot +
+                                  16 * half) = make_uint4(w[0], w[1], w[2], w[3]);
       }
-      // No barrier needed before the next head or step: it first rewrites row_amax (last read
-      // before the second barrier above), rewrites row_scale only after two more barriers and
-      // tile_codes after three.
     }
   }
 }
@@ -265,14 +287,18 @@ cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, 
   const int64_t slot_count = slots::slot_count(total_tokens, num_docs, kTileTokens);
   const dim3 grid(unsigned(slot_count < kMaxGridX ? slot_count : kMaxGridX),
                   unsigned((heads + kHeadsPerCta - 1) / kHeadsPerCta));
+  // Registers hold every chunk of the CTA's heads: size the array for the dim (D <= 128 or <= 256).
+  auto launch = [&](auto vec_load_c, auto items_c) {
+    quantize_mxfp8_kernel<decltype(vec_load_c)::value, decltype(items_c)::value><<<grid, kThreads, 0, stream>>>(
+        x, token_stride, head_stride, total_tokens, heads, dim, cu_seqlens, num_docs, geometry, rule, vec_store, codes,
+        transposed_codes, scales);
+  };
+  using Small = std::integral_constant<int, kItemsUpTo128>;
+  using Large = std::integral_constant<int, kMaxItemsPerThread>;
   if (vec_load) {
-    quantize_mxfp8_kernel<true><<<grid, kThreads, 0, stream>>>(x, token_stride, head_stride, total_tokens, heads, dim,
-                                                               cu_seqlens, num_docs, geometry, rule, vec_store, codes,
-                                                               transposed_codes, scales);
+    dim <= 128 ? launch(std::true_type{}, Small{}) : launch(std::true_type{}, Large{});
   } else {
-    quantize_mxfp8_kernel<false><<<grid, kThreads, 0, stream>>>(x, token_stride, head_stride, total_tokens, heads, dim,
-                                                                cu_seqlens, num_docs, geometry, rule, vec_store, codes,
-                                                                transposed_codes, scales);
+    dim <= 128 ? launch(std::false_type{}, Small{}) : launch(std::false_type{}, Large{});
   }
   return cudaGetLastError();
 }
