@@ -180,16 +180,20 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
                                             const float (&q_factor)[2], const int (&fold_bias)[2], int k0, int len,
                                             bool causal, const int (&rows)[2], const bool (&row_valid)[2], int t,
                                             float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+  // Key k0 + 2t + c (c = 8 nb + (e & 1)) is visible to row r iff c < key_limit[r]: inside the
+  // document and, causal, at or before the row (one compare per element).
+  int key_limit[2];
+  for (int r = 0; r < 2; ++r)
+    key_limit[r] = (row_valid[r] ? (causal ? min(len, rows[r] + 1) : len) : 0) - k0 - 2 * t;
   float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int nb = 0; nb < kKeyBlocks; ++nb) {
     const float2 kc = *reinterpret_cast<const float2*>(st.k_col + nb * 8 + 2 * t);  // keys 2t, 2t + 1
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int r = e >> 1, kpos = k0 + nb * 8 + 2 * t + (e & 1);
-      const bool visible = row_valid[r] && kpos < len && (!causal || kpos <= rows[r]);
+      const int r = e >> 1;
       float& x = s[nb * 4 + e];
-      x = visible ? x * q_factor[r] * ((e & 1) ? kc.y : kc.x) : -INFINITY;
+      x = nb * 8 + (e & 1) < key_limit[r] ? x * q_factor[r] * ((e & 1) ? kc.y : kc.x) : -INFINITY;
       tile_max[r] = nan_max(tile_max[r], x);
     }
   }
@@ -204,10 +208,13 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
       const int r = e >> 1;
       float& x = s[nb * 4 + e];
       const bool visible = x != -INFINITY;
-      const float pe = visible ? exp2_ftz(x - m[r]) : 0.f;
-      l[r] += pe;
-      const int v_exp = scale_exponent((e & 1) ? vs.y : vs.x);
-      const float fold = pow2i(v_exp == kNaNExponent ? kNaNExponent : v_exp + fold_bias[r]);
+      const float pe = exp2_ftz(x - m[r]);  // NaN where x and m are both -inf: selected away below
+      l[r] += visible ? pe : 0.f;
+      // 2^(ev_j + fold_bias_i), built from the exponent where it is a normal float, else pow2i's
+      // branches (rare: the NaN marker of either exponent, or a fold outside the normal range).
+      const int fold_exp = scale_exponent((e & 1) ? vs.y : vs.x) + fold_bias[r];
+      float fold = __uint_as_float(uint32_t(fold_exp + 127) << 23);
+      if (unsigned(fold_exp + 126) > 253u) fold = pow2i(fold_exp);
       x = visible ? pe * fold : 0.f;
     }
   }
