@@ -80,7 +80,7 @@ __device__ __forceinline__ uint32_t encode_scaled_e4m3x2(uint32_t w, uint8_t sca
 // [0, total_tokens] (and each end to at least its begin), so malformed offsets cannot make the
 // kernel read or write out of bounds, though they give meaningless results. Tokens outside every
 // document are not written. The grid is one CTA per 32-token tile slot of core/document_slots.h
-// and head, so no document length is needed on the host.
+// and group of 4 heads, so no document length is needed on the host.
 //
 // Requirements (else cudaErrorInvalidValue, nothing launched): dim a multiple of 8 in [8, 256],
 // 1 <= heads <= 65535, non-null x, cu_seqlens, scales and one codes pointer when there is work,
