@@ -27,7 +27,7 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   if (CallError e = check_device(); !e.ok()) return e;
 
   // validate_backward bounds T * H * D by 2^31 - 1, so every extent fits an int.
-  const int T = int(q->tokens), Hq = int(q->heads), Hkv = int(k->heads), D = int(q->dim);
+  const int T = int(q->tokens), Hq = int(q->heads);
   const NumericsOptions numerics = numerics_options(*options);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint8_t* const base = static_cast<uint8_t*>(workspace);
@@ -59,13 +59,7 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   p.dq = dq->data, p.dq_stride_token = dq->stride_token, p.dq_stride_head = dq->stride_head;
   p.dk = dk->data, p.dk_stride_token = dk->stride_token, p.dk_stride_head = dk->stride_head;
   p.dv = dv->data, p.dv_stride_token = dv->stride_token, p.dv_stride_head = dv->stride_head;
-  p.cu_seqlens = docs->cu_seqlens;
-  p.num_docs = docs->num_docs, p.max_seqlen = docs->max_seqlen, p.total_tokens = T;
-  p.q_heads = Hq, p.kv_heads = Hkv, p.head_dim = D;
-  p.softmax_scale = resolved_softmax_scale(*options, D);
-  p.p_boost_log2 = options->p_boost_log2;
-  p.causal = options->causal == 1;
-  p.group_scales = numerics.effective_geometry() == ScaleGeometry::kBlock32;
+  static_cast<cuda::sm90::AttentionShape&>(p) = attention_shape(*q, *k, *docs, *options, numerics);
 
   const std::pair<int (*)(const cuda::sm90::BackwardParams&, void*), const char*> passes[] = {
       {cuda::sm90::launch_backward_prep, "the backward prep kernel (launch_backward_prep)"},

@@ -51,4 +51,20 @@ float resolved_softmax_scale(const flamia_options& options, int head_dim) {
   return options.softmax_scale > 0.0f ? options.softmax_scale : float(1.0 / std::sqrt(double(head_dim)));
 }
 
+cuda::sm90::AttentionShape attention_shape(const flamia_tensor& q, const flamia_tensor& k, const flamia_documents& docs,
+                                           const flamia_options& options, const NumericsOptions& numerics) {
+  cuda::sm90::AttentionShape s{};
+  s.cu_seqlens = docs.cu_seqlens;
+  s.num_docs = docs.num_docs;
+  s.total_tokens = int(q.tokens);
+  s.q_heads = int(q.heads);
+  s.kv_heads = int(k.heads);
+  s.head_dim = int(q.dim);
+  s.softmax_scale = resolved_softmax_scale(options, s.head_dim);
+  s.p_boost_log2 = options.p_boost_log2;
+  s.causal = options.causal == 1;
+  s.group_scales = numerics.effective_geometry() == ScaleGeometry::kBlock32;
+  return s;
+}
+
 }  // namespace flamia::capi

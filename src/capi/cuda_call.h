@@ -10,6 +10,7 @@
 
 #include "capi/validate.h"
 #include "core/options.h"
+#include "cuda/sm90/attention_shape.h"
 #include "flamia/flamia.h"
 
 namespace flamia::capi {
@@ -53,5 +54,10 @@ CallError quantize_qkv(const flamia_tensor& q, const flamia_tensor& k, const fla
 
 // The softmax scale the kernels use: options.softmax_scale, or 1/sqrt(D) when it is 0.
 float resolved_softmax_scale(const flamia_options& options, int head_dim);
+
+// The problem as every attention kernel sees it, from validated arguments (T * H * D < 2^31, so
+// every extent fits an int): the same for the forward and the backward call.
+cuda::sm90::AttentionShape attention_shape(const flamia_tensor& q, const flamia_tensor& k, const flamia_documents& docs,
+                                           const flamia_options& options, const NumericsOptions& numerics);
 
 }  // namespace flamia::capi

@@ -28,7 +28,7 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   if (CallError e = check_device(); !e.ok()) return e;
 
   // validate_forward bounds T * H * D by 2^31 - 1, so every extent fits an int.
-  const int T = int(q->tokens), Hq = int(q->heads), Hkv = int(k->heads), D = int(q->dim);
+  const int T = int(q->tokens), Hkv = int(k->heads);
   const NumericsOptions numerics = numerics_options(*options);  // prefix isolation: per-token scales
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint8_t* const base = static_cast<uint8_t*>(workspace);
@@ -53,17 +53,7 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   p.o_stride_token = o->stride_token;
   p.o_stride_head = o->stride_head;
   p.lse = lse;
-  p.cu_seqlens = docs->cu_seqlens;
-  p.num_docs = docs->num_docs;
-  p.max_seqlen = docs->max_seqlen;
-  p.total_tokens = T;
-  p.q_heads = Hq;
-  p.kv_heads = Hkv;
-  p.head_dim = D;
-  p.softmax_scale = resolved_softmax_scale(*options, D);
-  p.p_boost_log2 = options->p_boost_log2;
-  p.causal = options->causal == 1;
-  p.group_scales = numerics.effective_geometry() == ScaleGeometry::kBlock32;
+  static_cast<cuda::sm90::AttentionShape&>(p) = attention_shape(*q, *k, *docs, *options, numerics);
   cudaError_t err = static_cast<cudaError_t>(cuda::sm90::launch_forward(p, stream));
   if (err == cudaSuccess) err = cudaGetLastError();
   if (err != cudaSuccess) return cuda_error("the forward kernel (launch_forward)", err);

@@ -13,9 +13,11 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/attention_shape.h"
+
 namespace flamia::cuda::sm90 {
 
-struct BackwardParams {
+struct BackwardParams : AttentionShape {
   // E4M3 codes [T, H, D] and UE8M0 scales [T, H] (H = Hq for q and dout, Hkv for k and v).
   const uint8_t *q_codes, *q_scales;
   const uint8_t *k_codes, *k_scales;
@@ -31,15 +33,6 @@ struct BackwardParams {
   float* delta;      // [Hq, T]: D_i, written by the prep pass
   void *dq, *dk, *dv;  // BF16 outputs [T, Hq, D], [T, Hkv, D], [T, Hkv, D] with the strides below
   int64_t dq_stride_token, dq_stride_head, dk_stride_token, dk_stride_head, dv_stride_token, dv_stride_head;
-  const int32_t* cu_seqlens;
-  int num_docs, max_seqlen, total_tokens;
-  int q_heads, kv_heads, head_dim;
-  float softmax_scale;  // already resolved (never 0)
-  int p_boost_log2;
-  bool causal;
-  // Every 32-token group of a document shares one scale per operand (block32 geometry): interior
-  // tiles take one factor per group instead of per token.
-  bool group_scales;
 };
 
 // Each returns the cudaError_t of its launch as an int (0 = success); head_dim must be 64 or 128.

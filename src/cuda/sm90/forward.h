@@ -3,12 +3,14 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/attention_shape.h"
+
 namespace flamia::cuda::sm90 {
 
 // What the forward kernel reads and writes. Codes and scales come from the quantization kernels
 // (src/cuda/quant/): E4M3 codes [T, H, D] contiguous (V's in the transposed layout instead) and
 // one UE8M0 scale per (token, head).
-struct ForwardParams {
+struct ForwardParams : AttentionShape {
   const uint8_t* q_codes;     // [T, Hq, D]
   const uint8_t* q_scales;    // [T, Hq]
   const uint8_t* k_codes;     // [T, Hkv, D]
@@ -20,15 +22,6 @@ struct ForwardParams {
   void* o;                    // BF16 [T, Hq, D] with the strides below (elements)
   int64_t o_stride_token, o_stride_head;
   float* lse;  // [Hq, T], natural log
-  const int32_t* cu_seqlens;
-  int num_docs, max_seqlen, total_tokens;
-  int q_heads, kv_heads, head_dim;
-  float softmax_scale;  // already resolved (never 0)
-  int p_boost_log2;
-  bool causal;
-  // Every 32-token group of a document shares one K scale and one V scale (block32 geometry): the
-  // interior tiles take one K factor and one V fold factor per group instead of per key.
-  bool group_scales;
 };
 
 // Returns the cudaError_t of the launch as an int (0 = success). head_dim must be 64 or 128.
