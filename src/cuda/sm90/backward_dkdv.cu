@@ -122,14 +122,19 @@ __device__ __forceinline__ void store_query_consts(const QueryInputs& in, int ga
   }
 }
 
+// Key row r sees the queries q_first[r] <= query < d.len: one unsigned compare per pair.
+__device__ __forceinline__ bool visible(int query, int q_first, int len) {
+  return unsigned(query - q_first) < unsigned(len - q_first);
+}
+
 // A masked tile (pairs some key must not enter), element by element as the emulation states it:
 // P~ = E4M3(p 2^(boost + eg - gamma)) packed into pa (dV's A operand) step by step, so that S^T's
 // registers free up early (dK, dV and S^T, E^T would not fit in registers together at D = 128);
 // e becomes U 2^eq (dK's, before tau); both 0 on invisible pairs; amax the key row's max of |U 2^eq|.
 __device__ __forceinline__ void masked_pu(const float (&s)[kQueryTile / 2], float (&e)[kQueryTile / 2],
                                           const QueryTileConsts& qc, const float (&k_factor)[2],
-                                          const float (&v_pow)[2], const int (&keys)[2], const DocumentSpan& d, int q0,
-                                          bool causal, int t, float (&amax)[2], uint32_t (&pa)[kQueryTile / 32][4]) {
+                                          const float (&v_pow)[2], const int (&q_first)[2], int len, int q0, int t,
+                                          float (&amax)[2], uint32_t (&pa)[kQueryTile / 32][4]) {
 #pragma unroll
   for (int kk = 0; kk < kQueryTile / 32; ++kk) {
     float pf[4][4];
@@ -138,10 +143,9 @@ __device__ __forceinline__ void masked_pu(const float (&s)[kQueryTile / 2], floa
 #pragma unroll
       for (int el = 0; el < 4; ++el) {
         const int x = (kk * 4 + b) * 4 + el;
-        const int r = el >> 1, i = (kk * 4 + b) * 8 + 2 * t + (el & 1), query = q0 + i;
-        const bool visible = keys[r] < d.len && query < d.len && (!causal || keys[r] <= query);
+        const int r = el >> 1, i = (kk * 4 + b) * 8 + 2 * t + (el & 1);
         float pv = 0.f, w = 0.f;
-        if (visible) {
+        if (visible(q0 + i, q_first[r], len)) {
           const float4 c = qc.c[i];  // q_pow, g_pow, p_fold, -lse2
           const float pij = exp2f(s[x] * k_factor[r] * c.x + c.w);
           const float eij = e[x] * v_pow[r] * c.y;
@@ -300,6 +304,9 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
   const uint8_t* k_rows = sm.k + wg_key * D;
   const uint8_t* v_rows = sm.v + wg_key * D;
 
+  int q_first[2];  // key row r sees the queries q_first[r] <= query < d.len (d.len: none)
+  for (int r = 0; r < 2; ++r) q_first[r] = keys[r] >= d.len ? d.len : p.causal ? keys[r] : 0;
+
   float dk_acc[D / 2], dv_acc[D / 2];
   zero(dk_acc);
   zero(dv_acc);
@@ -329,44 +336,24 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
       if (p.group_scales) interior_pu_grouped(s, e, st.consts, k_factor, v_pow, t, amax, pa);
       else interior_pu(s, e, st.consts, k_factor, v_pow, t, amax, pa);
     } else {
-      masked_pu(s, e, st.consts, k_factor, v_pow, keys, d, q0, p.causal, t, amax, pa);
+      masked_pu(s, e, st.consts, k_factor, v_pow, q_first, d.len, q0, t, amax, pa);
     }
-    float tau_pow[2], tau_inv[2];
-    for (int r = 0; r < 2; ++r) {
-      const int tau = scale_exponent(formats::scale_for_float_amax(quad_nan_max(amax[r]), formats::ScaleRule::kCeil));
-      tau_pow[r] = pow2i(tau);
-      tau_inv[r] = tau == kNaNExponent ? pow2i(kNaNExponent) : pow2i(-tau);
-    }
-#pragma unroll
-    for (int kk = 0; kk < kQueryTile / 32; ++kk) {
-      float uf[4][4];
-#pragma unroll
-      for (int b = 0; b < 4; ++b)
-#pragma unroll
-        for (int el = 0; el < 4; ++el) uf[b][el] = e[(kk * 4 + b) * 4 + el] * tau_inv[el >> 1];
-      pack_a_step(uf, ua[kk]);
-    }
+    const RowScales tau = ceil_row_scales(amax);
+    pack_a_operand_scaled<kQueryTile>(e, tau.inv, ua);
 
-    // dV += P~^T . dO codes;  dK += 2^tau (U~^T . Q codes) (B: the transposed, permuted forms).
-    // At D = 128 the dK tile is two halves of the features one after the other: dK, dV and a whole
-    // dK tile would hold 192 accumulator registers at once.
-    constexpr int kHalves = D == 128 ? 2 : 1, kHalfCols = D / kHalves;
+    // dV += P~^T . dO codes;  dK += 2^tau (U~^T . Q codes) (B: the transposed, permuted forms),
+    // one wait for both: dK's tile takes 64 more accumulator registers next to dK and dV (one
+    // dK half at a time, as before, waited twice per step: 4% slower at 4x16384).
     fence_accumulators(dv_acc);
     wgmma_fence();
     register_product<D, kQueryTile, kTransposedLayout>(dv_acc, pa, st.gt);
+    float dk_tile[D / 2];
+    zero(dk_tile);
+    register_product<D, kQueryTile, kTransposedLayout>(dk_tile, ua, st.qt);
     wgmma_commit();
-#pragma unroll
-    for (int half = 0; half < kHalves; ++half) {
-      float dk_tile[kHalfCols / 2];
-      zero(dk_tile);
-      wgmma_fence();
-      const uint8_t* qt = st.qt + half * (kHalfCols / 8) * kTransposedFormStride<kQueryTile>;  // its feature rows
-      register_product<kHalfCols, kQueryTile, kTransposedLayout>(dk_tile, ua, qt);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_accumulators(dk_tile);
-      add_scaled_rows(*reinterpret_cast<float(*)[kHalfCols / 2]>(dk_acc + half * kHalfCols / 2), dk_tile, tau_pow);
-    }
+    wgmma_wait<0>();
+    fence_accumulators(dk_tile);
+    add_scaled_rows(dk_acc, dk_tile, tau.pow);
     fence_accumulators(dv_acc);
     if (lane == 0) sm.ring.arrive_empty(step);  // this warp is done with the step's tiles
   }
@@ -384,9 +371,7 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
 
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid_constant__ DkdvArgs args) {
-  extern __shared__ uint8_t smem_raw[];
-  // Offsetting the shared array itself (not a generic integer address) keeps its accesses LDS/STS.
-  DkdvShared<D>& sm = *reinterpret_cast<DkdvShared<D>*>(smem_raw + ((1024 - smem_address(smem_raw) % 1024) % 1024));
+  DkdvShared<D>& sm = aligned_shared_storage<DkdvShared<D>>();
   const BackwardParams& p = args.p;
 
   DocumentTile tile;
@@ -407,19 +392,12 @@ __global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid
   w.steps = QuerySteps{w.kvh * group, q_begin, (w.d.len - q_begin + kQueryTile - 1) / kQueryTile};
   w.num_steps = group * w.steps.tiles_per_head;
 
-  if (threadIdx.x == 0) {
-    sm.ring.init(kProducerLanes, 4 * kConsumers);  // consumers: one arrival per warp
-    barrier_init(sm.keys_full, 1);
-    barrier_init_fence();
-  }
-  __syncthreads();
-  if (threadIdx.x < 128) {
-    release_registers<kProducerRegisters>();
-    if (threadIdx.x < 32) produce(args, w, sm);
-  } else {
-    claim_registers<kConsumerRegisters>();
-    consume(args, w, sm);
-  }
+  run_roles<kProducerRegisters, kConsumerRegisters>(
+      [&] {
+        sm.ring.init(kProducerLanes, 4 * kConsumers);  // consumers: one arrival per warp
+        barrier_init(sm.keys_full, 1);
+      },
+      [&] { produce(args, w, sm); }, [&] { consume(args, w, sm); });
 }
 
 }  // namespace

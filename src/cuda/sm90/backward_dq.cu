@@ -272,22 +272,9 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, DqS
     } else {
       masked_u(s, e, st, rw, rows, d, k0, p.causal, t, amax);
     }
-    float sigma_pow[2], sigma_inv[2];
-    for (int r = 0; r < 2; ++r) {
-      const int sigma = scale_exponent(formats::scale_for_float_amax(quad_nan_max(amax[r]), formats::ScaleRule::kCeil));
-      sigma_pow[r] = pow2i(sigma);
-      sigma_inv[r] = sigma == kNaNExponent ? pow2i(kNaNExponent) : pow2i(-sigma);
-    }
+    const RowScales sigma = ceil_row_scales(amax);
     uint32_t ua[kKeyTile / 32][4];
-#pragma unroll
-    for (int kk = 0; kk < kKeyTile / 32; ++kk) {
-      float uf[4][4];
-#pragma unroll
-      for (int b = 0; b < 4; ++b)
-#pragma unroll
-        for (int el = 0; el < 4; ++el) uf[b][el] = s[(kk * 4 + b) * 4 + el] * sigma_inv[el >> 1];
-      pack_a_step(uf, ua[kk]);
-    }
+    pack_a_operand_scaled<kKeyTile>(s, sigma.inv, ua);
 
     // dQ_tile = U~ . K codes (B: K transposed, keys permuted).
     float dq_tile[D / 2];
@@ -298,7 +285,7 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, DqS
     wgmma_wait<0>();
     fence_accumulators(dq_tile);
     if (lane == 0) sm.ring.arrive_empty(i);  // this warp is done with the tile
-    add_scaled_rows(dq_acc, dq_tile, sigma_pow);
+    add_scaled_rows(dq_acc, dq_tile, sigma.pow);
   }
 
   auto* dq = static_cast<__nv_bfloat16*>(p.dq);
@@ -311,9 +298,7 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, DqS
 
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1) backward_dq_kernel(const __grid_constant__ DqArgs args) {
-  extern __shared__ uint8_t smem_raw[];
-  // Offsetting the shared array itself (not a generic integer address) keeps its accesses LDS/STS.
-  DqShared<D>& sm = *reinterpret_cast<DqShared<D>*>(smem_raw + ((1024 - smem_address(smem_raw) % 1024) % 1024));
+  DqShared<D>& sm = aligned_shared_storage<DqShared<D>>();
   const BackwardParams& p = args.p;
 
   DocumentTile tile;
@@ -326,19 +311,12 @@ __global__ void __launch_bounds__(kThreads, 1) backward_dq_kernel(const __grid_c
   const int last_key = p.causal ? min(w.q0 + kQueryRows, w.d.len) - 1 : w.d.len - 1;
   w.tiles = last_key / kKeyTile + 1;
 
-  if (threadIdx.x == 0) {
-    sm.ring.init(kProducerLanes, 4 * kConsumers);  // consumers: one arrival per warp
-    barrier_init(sm.rows_full, 1);
-    barrier_init_fence();
-  }
-  __syncthreads();
-  if (threadIdx.x < 128) {
-    release_registers<kProducerRegisters>();
-    if (threadIdx.x < 32) produce(args, w, sm);
-  } else {
-    claim_registers<kConsumerRegisters>();
-    consume(args, w, sm);
-  }
+  run_roles<kProducerRegisters, kConsumerRegisters>(
+      [&] {
+        sm.ring.init(kProducerLanes, 4 * kConsumers);  // consumers: one arrival per warp
+        barrier_init(sm.rows_full, 1);
+      },
+      [&] { produce(args, w, sm); }, [&] { consume(args, w, sm); });
 }
 
 }  // namespace

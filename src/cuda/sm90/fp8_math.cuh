@@ -73,4 +73,36 @@ __device__ __forceinline__ void pack_a_operand(const float (&x)[kCols / 2], uint
   for (int kk = 0; kk < kCols / 32; ++kk) pack_a_step(*reinterpret_cast<const float(*)[4][4]>(x + 16 * kk), a[kk]);
 }
 
+// The row scales of the backward's dS operands (sigma_i in dQ, tau_j in dK): the ceil UE8M0 scale
+// of each accumulator row's max |.| (a per-lane max, reduced here over the row's quad), as 2^s
+// (applied after the product) and 2^-s (applied before rounding to E4M3), both NaN for a NaN max.
+struct RowScales {
+  float pow[2], inv[2];
+};
+__device__ __forceinline__ RowScales ceil_row_scales(const float (&lane_amax)[2]) {
+  RowScales rs;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int e = scale_exponent(formats::scale_for_float_amax(quad_nan_max(lane_amax[r]), formats::ScaleRule::kCeil));
+    rs.pow[r] = pow2i(e);
+    rs.inv[r] = e == kNaNExponent ? pow2i(kNaNExponent) : pow2i(-e);
+  }
+  return rs;
+}
+
+// pack_a_operand of x with row r divided by its scale (times inv[r], exact: a power of two).
+template <int kCols>
+__device__ __forceinline__ void pack_a_operand_scaled(const float (&x)[kCols / 2], const float (&inv)[2],
+                                                      uint32_t (&a)[kCols / 32][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kCols / 32; ++kk) {
+    float scaled[4][4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b)
+#pragma unroll
+      for (int el = 0; el < 4; ++el) scaled[b][el] = x[(kk * 4 + b) * 4 + el] * inv[el >> 1];
+    pack_a_step(scaled, a[kk]);
+  }
+}
+
 }  // namespace flamia::cuda::sm90

@@ -112,4 +112,32 @@ __device__ __forceinline__ void claim_registers() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
 }
 
+// --- the kernels' skeleton ---------------------------------------------------------------------
+// The dynamic shared memory as one T, its base rounded up to 1024 bytes (the 128-byte swizzle's
+// repeat; launches ask for sizeof(T) + 1024). Offsetting the shared array itself (not a generic
+// integer address) keeps the accesses LDS/STS.
+template <class T>
+__device__ __forceinline__ T& aligned_shared_storage() {
+  extern __shared__ uint8_t smem_raw[];
+  return *reinterpret_cast<T*>(smem_raw + ((1024 - smem_address(smem_raw) % 1024) % 1024));
+}
+
+// Warp specialization: thread 0 runs init (the barriers), everyone meets, then warpgroup 0 gives
+// registers back and its first warp produces while the other warpgroups take registers and consume.
+template <int kProducerRegisters, int kConsumerRegisters, class Init, class Produce, class Consume>
+__device__ __forceinline__ void run_roles(Init init, Produce produce, Consume consume) {
+  if (threadIdx.x == 0) {
+    init();
+    barrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    release_registers<kProducerRegisters>();
+    if (threadIdx.x < 32) produce();
+  } else {
+    claim_registers<kConsumerRegisters>();
+    consume();
+  }
+}
+
 }  // namespace flamia::cuda::sm90
