@@ -11,6 +11,7 @@ around the same calls, so wall - sum is launch gaps and host time).
 
 Usage (repo root, GPU machine, flamia installed):
   python3 bench/kernel_breakdown.py [--pass train] [--workloads 16x4096,longtail] [--rounds 10]
+                                   [--isolation prefix]
 """
 import argparse
 import os
@@ -43,6 +44,8 @@ def parse_args(argv):
     p.add_argument("--workloads", default="all", help="comma-separated names (default: all nine)")
     p.add_argument("--rounds", type=int, default=10, help="profiled calls per workload (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="unprofiled calls first (default 3)")
+    p.add_argument("--isolation", choices=("document", "prefix"), default="document",
+                   help="flamia.attention's isolation mode (default: document)")
     args = p.parse_args(argv)
     names = list(W.WORKLOADS) if args.workloads == "all" else args.workloads.split(",")
     unknown = [n for n in names if n not in W.WORKLOADS]
@@ -65,7 +68,7 @@ def one_workload(torch, flamia, name, args):
     cu = torch.tensor(W.cu_seqlens(lens), dtype=torch.int32, device="cuda")
 
     def call():
-        o = flamia.attention(q, k, v, cu, max(lens))
+        o = flamia.attention(q, k, v, cu, max(lens), isolation=args.isolation)
         if train:
             torch.autograd.grad(o, (q, k, v), dout)
 
@@ -100,7 +103,8 @@ def main(argv=None):
         per_family, wall = one_workload(torch, flamia, name, args)
         rows.append((name, per_family, wall))
     used = [c for c in columns if any(c in r[1] for r in rows)]
-    print(f"ms per {args.pass_} call ({args.rounds} calls after {args.warmup} warm-up, {torch.cuda.get_device_name()})\n")
+    print(f"ms per {args.pass_} call, isolation={args.isolation} ({args.rounds} calls after {args.warmup} warm-up, "
+          f"{torch.cuda.get_device_name()})\n")
     print("| workload | " + " | ".join(used) + " | kernels | wall |")
     print("|---" * (len(used) + 3) + "|")
     for name, per_family, wall in rows:

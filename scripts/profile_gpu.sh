@@ -2,7 +2,11 @@
 # Nsight Compute profile of flamia's kernels on one training call (quantization, forward, backward
 # prep, dK dV, dQ) on a benchmark workload, for a GPU machine with ncu and the installed package:
 #
-#   bash scripts/profile_gpu.sh [WORKLOAD] [OUT_DIR]      (defaults: 16x4096, $OUT or profile-results)
+#   bash scripts/profile_gpu.sh [--sass] [WORKLOAD] [OUT_DIR]   (defaults: 16x4096, $OUT or profile-results)
+#
+# --sass also collects per-instruction stall samples (SourceCounters; the profile takes longer) and
+# writes, per attention kernel, <OUT_DIR>/sass-<kernel>.csv and its summary sass-<kernel>.txt
+# (scripts/sass_hotspots.py: stall reasons, opcode mix, the instructions with the most samples).
 #
 # Writes <OUT_DIR>/profile.ncu-rep (open with ncu-ui or `ncu --import`) and prints, per kernel, the
 # duration, SM and memory throughput, achieved occupancy and registers, then L2 throughput, tensor
@@ -11,6 +15,8 @@
 # every flamia kernel of it once, with clocks left as they run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SASS=0
+if [ "${1:-}" = --sass ]; then SASS=1; shift; fi
 WORKLOAD=${1:-16x4096}
 OUT_DIR=${2:-${OUT:-profile-results}}
 PYTHON=${PYTHON:-python3}
@@ -42,7 +48,7 @@ PY
 
 ncu --profile-from-start off --kernel-name regex:'quantize|prefix_max|forward_kernel|backward_' \
   --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-  --section ComputeWorkloadAnalysis \
+  --section ComputeWorkloadAnalysis $([ "$SASS" = 1 ] && echo --section SourceCounters) \
   -f -o "$OUT_DIR/profile" "$PYTHON" "$DRIVER" > "$OUT_DIR/ncu.log" 2>&1 || { tail -20 "$OUT_DIR/ncu.log"; exit 1; }
 ncu --import "$OUT_DIR/profile.ncu-rep" --page details --csv > "$OUT_DIR/profile.csv"
 "$PYTHON" - "$OUT_DIR/profile.csv" <<'PY'
@@ -84,4 +90,13 @@ for row in data:
     stalls = sorted(((r, v) for r, v in stalls if v is not None and v >= 0.1 and r != "selected"), key=lambda x: -x[1])
     print("      stalls per issued instruction: " + ", ".join(f"{r} {v:.2f}" for r, v in stalls[:6]))
 PY
+if [ "$SASS" = 1 ]; then
+  for kernel in forward_kernel backward_dkdv backward_dq; do
+    ncu --import "$OUT_DIR/profile.ncu-rep" --kernel-name "regex:$kernel" --page source --csv --print-source sass \
+      > "$OUT_DIR/sass-$kernel.csv"
+    "$PYTHON" scripts/sass_hotspots.py "$OUT_DIR/sass-$kernel.csv" > "$OUT_DIR/sass-$kernel.txt"
+    echo "== $kernel (per-instruction stall samples: $OUT_DIR/sass-$kernel.txt)"
+    head -8 "$OUT_DIR/sass-$kernel.txt"
+  done
+fi
 echo "profile_gpu: wrote $OUT_DIR/profile.ncu-rep, $OUT_DIR/profile.csv, $OUT_DIR/profile-raw.csv"
