@@ -5,20 +5,22 @@
 #
 #   scripts/gpu_check.sh [--bench] [--no-tests] [--no-install] [--bench-args "--rounds 10 --workloads 16x4096"]
 #
-# The tests take ~5 minutes on an H200 (most of it the CPU emulation the GPU results are compared
-# with) and the benchmarks ~6: where one call is limited to 10 minutes, run the tests in one call
-# and `--bench --no-tests` (build, install, benchmarks only) in the next. --no-install uses the
+# The tests take ~5 minutes on an H200 (build; `ctest -L gpu -j8`, ~90 s, most of it the CPU
+# emulation the GPU results are compared with; pip install; pytest) and the benchmarks ~6: where
+# one call is limited to 10 minutes, run the tests in one call and `--bench --no-tests` (build,
+# install, benchmarks only) in the next. --no-install uses the
 # flamia package already installed (for example while another job on the machine imports it).
 #
 # Every step runs even when an earlier one failed (except where it needs the earlier one's
 # output); the exit status is nonzero when any step failed. Benchmark results go to $OUT when it
 # is set, else bench-results/. Environment: PYTHON (default python3), JOBS (default 16),
-# BUILD_DIR (default build-gpu).
+# CTEST_JOBS (default 8), BUILD_DIR (default build-gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 PYTHON=${PYTHON:-python3}
 JOBS=${JOBS:-16}
+CTEST_JOBS=${CTEST_JOBS:-8}  # GPU tests side by side on one GPU: ~90 s on an H200 (serially ~12 min)
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 RUN_BENCH=0
 RUN_TESTS=1
@@ -30,7 +32,7 @@ while [ $# -gt 0 ]; do
     --no-tests) RUN_TESTS=0 ;;
     --no-install) RUN_INSTALL=0 ;;
     --bench-args) shift; BENCH_ARGS=${1:-} ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -94,7 +96,7 @@ fi
 if [ "$RUN_TESTS" -eq 0 ]; then
   echo "gpu_check: --no-tests: skipping ctest -L gpu and pytest"
 elif [ "$build_ok" -eq 1 ]; then
-  run_step "ctest -L gpu" ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure
+  run_step "ctest -L gpu" ctest --test-dir "$BUILD_DIR" -L gpu -j"$CTEST_JOBS" --output-on-failure
 else
   skip_step "ctest -L gpu" "build failed"
 fi
