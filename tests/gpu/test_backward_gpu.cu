@@ -6,9 +6,11 @@
 // difference, so its low bits are the least stable; dQ and dK feel that, dV hardly).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "analysis/metrics.h"
@@ -32,6 +34,10 @@ struct Case {
   int q_heads, kv_heads, dim;
   bool causal;
   int config;  // index into analysis::default_numerics_configs() (rowcol U: the Hopper layout)
+  // dO zero on the 1000-token document and on 300 tokens inside the 4097-token one (tokens whose
+  // labels a loss ignores): whole query and key tiles whose U is zero, so sigma and tau come from a
+  // zero max, and their scaled operands must stay exactly zero (not 0 * inf).
+  bool zero_dout_spans = false;
 };
 
 bool same_bits(const reference::PackedTensor& a, const reference::PackedTensor& b) {
@@ -44,7 +50,15 @@ TEST_P(BackwardVsEmulation, MatchesTheEmulationAndMeetsTheBars) {
   FLAMIA_REQUIRE_GPU();
   const Case c = GetParam();
   const NumericsOptions opt = analysis::default_numerics_configs()[c.config];
-  const auto in = analysis::random_inputs({kAwkwardLengths, c.q_heads, c.kv_heads, c.dim}, 4321 + c.config);
+  auto in = analysis::random_inputs({kAwkwardLengths, c.q_heads, c.kv_heads, c.dim}, 4321 + c.config);
+  if (c.zero_dout_spans) {
+    ASSERT_EQ(in.docs.end(7) - in.docs.begin(7), 1000);
+    ASSERT_EQ(in.docs.end(8) - in.docs.begin(8), 4097);
+    for (const auto& [begin, end] : {std::pair{in.docs.begin(7), in.docs.end(7)},
+                                     std::pair{in.docs.begin(8) + 1200, in.docs.begin(8) + 1500}})
+      for (int token = begin; token < end; ++token)
+        for (int h = 0; h < c.q_heads; ++h) std::fill_n(in.dout.row(token, h), c.dim, 0.0);
+  }
   const reference::AttentionShape shape{.causal = c.causal};
 
   TrainingCall call(in, opt, c.causal);
@@ -82,6 +96,7 @@ std::vector<Case> backward_cases() {
   cases.push_back({4, 2, 64, true, 3});     // prefix, D = 64
   cases.push_back({8, 2, 128, false, 0});   // non-causal
   cases.push_back({8, 2, 64, false, 2});    // non-causal, floor
+  cases.push_back({8, 2, 128, true, 0, true});  // dO zero on whole tiles
   return cases;
 }
 
@@ -90,7 +105,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, BackwardVsEmulation, ::testing::ValuesIn(backwa
                            const Case& c = i.param;
                            return "H" + std::to_string(c.q_heads) + "x" + std::to_string(c.kv_heads) + "_D" +
                                   std::to_string(c.dim) + (c.causal ? "_causal" : "_full") + "_cfg" +
-                                  std::to_string(c.config);
+                                  std::to_string(c.config) + (c.zero_dout_spans ? "_zero_dout_spans" : "");
                          });
 
 // The isolation probe with dQ: prefix mode leaves dQ of rows <= i bitwise unchanged when the
