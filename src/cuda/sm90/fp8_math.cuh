@@ -27,7 +27,16 @@ __device__ __forceinline__ float pow2i(int e) {
 __device__ __forceinline__ int scale_exponent(uint8_t code) {
   return formats::ue8m0_is_nan(code) ? kNaNExponent : formats::ue8m0_exponent(code);
 }
-__device__ __forceinline__ float pow2_of_scale(uint8_t code) { return pow2i(scale_exponent(code)); }
+// 2^e and 2^-e of a UE8M0 scale code (e = code - 127; NaN for the NaN code), exactly
+// pow2i(+-scale_exponent(code)), from the code's bits without a branch: 2^e's biased float exponent
+// is the code itself (code 0: the subnormal 2^-127), 2^-e's is 254 - code (code 254: 2^-127).
+static_assert(formats::kUe8m0NaN == 0xFF && formats::kUe8m0Bias == 127, "a code is its 2^e's biased float exponent");
+__device__ __forceinline__ float pow2_of_scale(uint8_t code) {
+  return __uint_as_float(code == formats::kUe8m0NaN ? 0x7fc00000u : code == 0 ? 0x00400000u : uint32_t(code) << 23);
+}
+__device__ __forceinline__ float inv_pow2_of_scale(uint8_t code) {
+  return __uint_as_float(code == formats::kUe8m0NaN ? 0x7fc00000u : code == 254 ? 0x00400000u : uint32_t(254 - code) << 23);
+}
 // a + b for scale exponents, where the NaN marker absorbs everything.
 __device__ __forceinline__ int add_exponents(int a, int b) {
   return (a >= kNaNExponent / 2 || b >= kNaNExponent / 2) ? kNaNExponent : a + b;
@@ -83,9 +92,9 @@ __device__ __forceinline__ RowScales ceil_row_scales(const float (&lane_amax)[2]
   RowScales rs;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int e = scale_exponent(formats::scale_for_float_amax(quad_nan_max(lane_amax[r]), formats::ScaleRule::kCeil));
-    rs.pow[r] = pow2i(e);
-    rs.inv[r] = e == kNaNExponent ? pow2i(kNaNExponent) : pow2i(-e);
+    const uint8_t code = formats::scale_for_float_amax(quad_nan_max(lane_amax[r]), formats::ScaleRule::kCeil);
+    rs.pow[r] = pow2_of_scale(code);
+    rs.inv[r] = inv_pow2_of_scale(code);
   }
   return rs;
 }
