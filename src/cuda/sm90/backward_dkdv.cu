@@ -112,7 +112,6 @@ __device__ __forceinline__ QueryInputs load_query_inputs(const BackwardParams& p
 }
 __device__ __forceinline__ void store_query_consts(const QueryInputs& in, int gamma, int p_boost_log2, int lane,
                                                    QueryTileConsts& c) {
-  constexpr float kLog2e = 1.4426950408889634f;
 #pragma unroll
   for (int j = 0; j < kQueriesPerLane; ++j) {
     const int eg = scale_exponent(in.g_scale[j]);
@@ -286,7 +285,6 @@ __device__ __forceinline__ void produce(const DkdvArgs& args, const DkdvWork& w,
 // dK += 2^tau U~^T.Q, then the stage is released.
 template <int D>
 __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w, DkdvShared<D>& sm) {
-  constexpr float kLog2e = 1.4426950408889634f;
   const BackwardParams& p = args.p;
   const DocumentSpan& d = w.d;
   const int consumer = int(threadIdx.x) / 128 - 1, warp = int(threadIdx.x) / 32 - 4;

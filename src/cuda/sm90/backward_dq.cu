@@ -223,7 +223,6 @@ __device__ __forceinline__ void produce(const DqArgs& args, const DqWork& w, DqS
 // the stage is released and dQ_tile added at 2^sigma.
 template <int D>
 __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, DqShared<D>& sm) {
-  constexpr float kLog2e = 1.4426950408889634f;
   const BackwardParams& p = args.p;
   const DocumentSpan& d = w.d;
   const int consumer = int(threadIdx.x) / 128 - 1, warp = int(threadIdx.x) / 32 - 4;

@@ -350,7 +350,7 @@ __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& 
   const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4, h = blockIdx.y;
   const int rows[2] = {w.q0 + warp * kRowsPerWarp + g, w.q0 + warp * kRowsPerWarp + g + 8};
   const bool row_valid[2] = {rows[0] < w.len, rows[1] < w.len};
-  const float scale_log2e = p.softmax_scale * 1.4426950408889634f;
+  const float scale_log2e = p.softmax_scale * kLog2e;
 
   float q_factor[2];
   int fold_bias[2];  // boost - rho_i: the P operand is p * 2^(ev_j + fold_bias), never above 2^boost
@@ -450,7 +450,7 @@ __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& 
     const float out_factor = fold_bias[r] == kNaNExponent ? pow2i(kNaNExponent) : pow2i(-fold_bias[r]);
     const float f = out_factor / l[r];
     store_row_bf16(o_acc, r, f, o + tok * p.o_stride_token + h * p.o_stride_head, t);
-    if (t == 0) p.lse[size_t(h) * p.total_tokens + tok] = (m[r] + log2f(l[r])) * 0.6931471805599453f;
+    if (t == 0) p.lse[size_t(h) * p.total_tokens + tok] = (m[r] + log2f(l[r])) * kLn2;
   }
 }
 

@@ -18,6 +18,9 @@ __device__ __forceinline__ float nan_max(float a, float b) {
   return y;
 }
 
+// log2(e) and ln(2) as floats: the kernels take exponentials and the LSE in base 2.
+inline constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+
 inline constexpr int kNaNExponent = 1 << 20;  // stands for the UE8M0 NaN code in exponent arithmetic
 
 // 2^e, exact, for any integer e: 0 below the float range, +inf above it, NaN for the NaN marker.
