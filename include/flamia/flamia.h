@@ -94,6 +94,38 @@ flamia_status flamia_backward(const flamia_tensor* q, const flamia_tensor* k, co
                               flamia_tensor* dk, flamia_tensor* dv, void* workspace, size_t workspace_bytes,
                               void* stream, flamia_error* error);
 
+/* ---- Training calls: the backward reuses the forward's codes ----------------------------------
+ * flamia_forward_train quantizes q, k and v into a caller-owned "saved codes" buffer (their E4M3
+ * codes in both layouts the kernels read, and their UE8M0 scales) and computes o and lse exactly as
+ * flamia_forward does; flamia_backward_saved then reads q, k and v's codes from that buffer instead
+ * of quantizing them again (3 of the backward's 4 quantization passes), with bitwise the gradients
+ * of flamia_backward. The buffer must stay untouched from the forward to the backward, and the
+ * backward must be given the shapes, docs and options of that forward. It takes about 2 bytes per
+ * element of q, k and v: as much as BF16 copies of them, which a caller that keeps the codes need
+ * not keep (flamia_backward_saved reads only q, k and v's shapes). All buffers 256-byte aligned. */
+flamia_status flamia_saved_codes_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
+                                      const flamia_documents* docs, size_t* bytes, flamia_error* error);
+/* The workspace flamia_forward_train needs besides the saved codes (V's running scale max). */
+flamia_status flamia_forward_train_workspace_size(const flamia_tensor* q, const flamia_tensor* k,
+                                                  const flamia_tensor* v, const flamia_documents* docs, size_t* bytes,
+                                                  flamia_error* error);
+flamia_status flamia_forward_train(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
+                                   const flamia_documents* docs, const flamia_options* options, flamia_tensor* o,
+                                   float* lse, void* saved_codes, size_t saved_codes_bytes, void* workspace,
+                                   size_t workspace_bytes, void* stream, flamia_error* error);
+/* The workspace flamia_backward_saved needs (dout's codes and scales, its running scale max, D_i). */
+flamia_status flamia_backward_saved_workspace_size(const flamia_tensor* q, const flamia_tensor* k,
+                                                   const flamia_tensor* v, const flamia_documents* docs,
+                                                   size_t* bytes, flamia_error* error);
+/* flamia_backward with q, k and v's codes from flamia_forward_train's saved codes: q, k and v give
+ * their shapes only (their data pointers are not read and may be NULL). */
+flamia_status flamia_backward_saved(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
+                                    const flamia_tensor* o, const float* lse, const flamia_tensor* dout,
+                                    const flamia_documents* docs, const flamia_options* options,
+                                    const void* saved_codes, size_t saved_codes_bytes, flamia_tensor* dq,
+                                    flamia_tensor* dk, flamia_tensor* dv, void* workspace, size_t workspace_bytes,
+                                    void* stream, flamia_error* error);
+
 #ifdef __cplusplus
 }
 #endif

@@ -205,6 +205,32 @@ def _declare(lib):
         ptr(Error),
     ]
     lib.flamia_backward.restype = _c_enum
+    for query in ("flamia_saved_codes_size", "flamia_forward_train_workspace_size",
+                  "flamia_backward_saved_workspace_size"):
+        getattr(lib, query).argtypes = [
+            ptr(Tensor), ptr(Tensor), ptr(Tensor), ptr(Documents), ptr(ctypes.c_size_t), ptr(Error)]
+        getattr(lib, query).restype = _c_enum
+    lib.flamia_forward_train.argtypes = [
+        ptr(Tensor), ptr(Tensor), ptr(Tensor),  # q, k, v
+        ptr(Documents), ptr(Options),  # docs, options
+        ptr(Tensor), ctypes.c_void_p,  # o, lse (float*)
+        ctypes.c_void_p, ctypes.c_size_t,  # saved_codes, saved_codes_bytes
+        ctypes.c_void_p, ctypes.c_size_t,  # workspace, workspace_bytes
+        ctypes.c_void_p,  # stream (cudaStream_t)
+        ptr(Error),
+    ]
+    lib.flamia_forward_train.restype = _c_enum
+    lib.flamia_backward_saved.argtypes = [
+        ptr(Tensor), ptr(Tensor), ptr(Tensor),  # q, k, v (shapes only)
+        ptr(Tensor), ctypes.c_void_p, ptr(Tensor),  # o, lse (const float*), dout
+        ptr(Documents), ptr(Options),  # docs, options
+        ctypes.c_void_p, ctypes.c_size_t,  # saved_codes, saved_codes_bytes
+        ptr(Tensor), ptr(Tensor), ptr(Tensor),  # dq, dk, dv
+        ctypes.c_void_p, ctypes.c_size_t,  # workspace, workspace_bytes
+        ctypes.c_void_p,  # stream (cudaStream_t)
+        ptr(Error),
+    ]
+    lib.flamia_backward_saved.restype = _c_enum
     return lib
 
 
@@ -251,7 +277,7 @@ def tensor(data_ptr, tokens, heads, dim, stride_token, stride_head, dtype=DTYPE_
 
 
 def _workspace_size(query, q, k, v, docs):
-    """A flamia_*_workspace_size call: both queries take (q, k, v, docs, &bytes, &error)."""
+    """A size query: every one takes (q, k, v, docs, &bytes, &error)."""
     nbytes = ctypes.c_size_t(0)
     error = Error()
     status = query(ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(docs), ctypes.byref(nbytes),
@@ -290,4 +316,44 @@ def backward(q, k, v, o, lse_ptr, dout, docs, options, dq, dk, dv, workspace_ptr
         ctypes.byref(dout), ctypes.byref(docs), ctypes.byref(options), ctypes.byref(dq), ctypes.byref(dk),
         ctypes.byref(dv), ctypes.c_void_p(int(workspace_ptr)), ctypes.c_size_t(int(workspace_bytes)),
         ctypes.c_void_p(int(stream)), ctypes.byref(error))
+    check(status, error)
+
+
+def saved_codes_size(q, k, v, docs):
+    """Bytes of the saved codes buffer of flamia_forward_train / flamia_backward_saved."""
+    return _workspace_size(library().flamia_saved_codes_size, q, k, v, docs)
+
+
+def forward_train_workspace_size(q, k, v, docs):
+    """Bytes of workspace flamia_forward_train needs besides the saved codes."""
+    return _workspace_size(library().flamia_forward_train_workspace_size, q, k, v, docs)
+
+
+def backward_saved_workspace_size(q, k, v, docs):
+    """Bytes of workspace flamia_backward_saved needs."""
+    return _workspace_size(library().flamia_backward_saved_workspace_size, q, k, v, docs)
+
+
+def forward_train(q, k, v, docs, options, o, lse_ptr, saved_ptr, saved_bytes, workspace_ptr, workspace_bytes, stream):
+    """flamia_forward_train on raw descriptors and addresses; raises FlamiaError on failure."""
+    error = Error()
+    status = library().flamia_forward_train(
+        ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(docs), ctypes.byref(options),
+        ctypes.byref(o), ctypes.c_void_p(int(lse_ptr)), ctypes.c_void_p(int(saved_ptr)),
+        ctypes.c_size_t(int(saved_bytes)), ctypes.c_void_p(int(workspace_ptr)), ctypes.c_size_t(int(workspace_bytes)),
+        ctypes.c_void_p(int(stream)), ctypes.byref(error))
+    check(status, error)
+
+
+def backward_saved(q, k, v, o, lse_ptr, dout, docs, options, saved_ptr, saved_bytes, dq, dk, dv, workspace_ptr,
+                   workspace_bytes, stream):
+    """flamia_backward_saved on raw descriptors and addresses (q, k, v: shapes only); raises
+    FlamiaError on failure."""
+    error = Error()
+    status = library().flamia_backward_saved(
+        ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(o), ctypes.c_void_p(int(lse_ptr)),
+        ctypes.byref(dout), ctypes.byref(docs), ctypes.byref(options), ctypes.c_void_p(int(saved_ptr)),
+        ctypes.c_size_t(int(saved_bytes)), ctypes.byref(dq), ctypes.byref(dk), ctypes.byref(dv),
+        ctypes.c_void_p(int(workspace_ptr)), ctypes.c_size_t(int(workspace_bytes)), ctypes.c_void_p(int(stream)),
+        ctypes.byref(error))
     check(status, error)

@@ -1,6 +1,8 @@
 """PyTorch binding of flamia: the custom ops ``flamia::attention_forward`` and
-``flamia::attention_backward`` (each with a fake implementation for torch.compile), the autograd
-registration that ties them together, and the public ``attention``.
+``flamia::attention_backward``, and the training pair ``flamia::attention_forward_train`` (which
+also returns q, k and v's codes) and ``flamia::attention_backward_saved`` (which reads them instead
+of quantizing q, k and v again), each with a fake implementation for torch.compile; the autograd
+registrations that tie each pair together; and the public ``attention``.
 
 The ops call the C API (``flamia_forward``, ``flamia_backward``) through ctypes on torch's current
 CUDA stream. They allocate their outputs and workspaces with torch (so CUDA graph capture uses the
@@ -15,7 +17,8 @@ import torch
 from . import _capi
 from ._capi import FlamiaError
 
-__all__ = ["attention", "attention_forward", "attention_backward", "FlamiaError"]
+__all__ = ["attention", "attention_forward", "attention_backward", "attention_forward_train",
+           "attention_backward_saved", "FlamiaError"]
 
 
 def _check_tensor(t, name, dtype, ndim):
@@ -93,13 +96,28 @@ def _kernel_layout(t):
     return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
 
 
-@functools.lru_cache(maxsize=256)
-def _workspace_bytes(tokens, q_heads, kv_heads, dim, num_docs, backward=False):
-    # The size queries read only the shapes and the document count (no pointer, no stride).
+def _shape_descriptors(tokens, q_heads, kv_heads, dim):
+    """q, k, v descriptors that carry shapes only (no data: for the size queries and the
+    backward from saved codes, which read nothing else of q, k and v)."""
     q = _capi.tensor(0, tokens, q_heads, dim, q_heads * dim, dim)
     kv = _capi.tensor(0, tokens, kv_heads, dim, kv_heads * dim, dim)
+    return q, kv, kv
+
+
+_SIZE_QUERIES = {
+    "forward": _capi.forward_workspace_size,
+    "backward": _capi.backward_workspace_size,
+    "saved_codes": _capi.saved_codes_size,
+    "forward_train": _capi.forward_train_workspace_size,
+    "backward_saved": _capi.backward_saved_workspace_size,
+}
+
+
+@functools.lru_cache(maxsize=256)
+def _buffer_bytes(kind, tokens, q_heads, kv_heads, dim, num_docs):
+    # The size queries read only the shapes and the document count (no pointer, no stride).
     docs = _capi.Documents(None, None, num_docs, 1)
-    return (_capi.backward_workspace_size if backward else _capi.forward_workspace_size)(q, kv, kv, docs)
+    return _SIZE_QUERIES[kind](*_shape_descriptors(tokens, q_heads, kv_heads, dim), docs)
 
 
 def _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule):
@@ -148,7 +166,7 @@ def attention_forward(
     docs = _c_documents(cu_seqlens, max_seqlen)
 
     with torch.cuda.device(q.device):
-        nbytes = _workspace_bytes(tokens, q_heads, kv_heads, dim, docs.num_docs)
+        nbytes = _buffer_bytes("forward", tokens, q_heads, kv_heads, dim, docs.num_docs)
         # The caching allocator returns 512-byte aligned blocks (the C API needs 256).
         workspace = torch.empty((nbytes,), dtype=torch.uint8, device=q.device)
         stream = torch.cuda.current_stream(q.device).cuda_stream
@@ -205,7 +223,7 @@ def attention_backward(
     options = _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule)
     docs = _c_documents(cu_seqlens, max_seqlen)
     with torch.cuda.device(q.device):
-        nbytes = _workspace_bytes(tokens, q_heads, kv_heads, dim, docs.num_docs, backward=True)
+        nbytes = _buffer_bytes("backward", tokens, q_heads, kv_heads, dim, docs.num_docs)
         workspace = torch.empty((nbytes,), dtype=torch.uint8, device=q.device)
         stream = torch.cuda.current_stream(q.device).cuda_stream
         _capi.backward(_descriptor(q), _descriptor(k), _descriptor(v), _descriptor(o), lse.data_ptr(),
@@ -220,6 +238,109 @@ def _attention_backward_fake(dout, q, k, v, o, lse, cu_seqlens, max_seqlen, caus
     _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
     return (q.new_empty(q.shape, dtype=torch.bfloat16), k.new_empty(k.shape, dtype=torch.bfloat16),
             v.new_empty(v.shape, dtype=torch.bfloat16))
+
+
+@torch.library.custom_op("flamia::attention_forward_train", mutates_args=())
+def attention_forward_train(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    causal: bool,
+    softmax_scale: float,
+    isolation: str,
+    scale_geometry: str,
+    scale_rule: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """attention_forward that also returns q, k and v's MXFP8 codes (a uint8 buffer, flamia_forward_train's
+    saved codes) for attention_backward_saved: (o, lse, saved_codes)."""
+    _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
+    tokens, q_heads, dim = q.shape
+    kv_heads = k.shape[1]
+    q, k, v = _kernel_layout(q), _kernel_layout(k), _kernel_layout(v)
+    if cu_seqlens.stride(0) != 1:
+        cu_seqlens = cu_seqlens.contiguous()
+
+    o = torch.empty((tokens, q_heads, dim), dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty((q_heads, tokens), dtype=torch.float32, device=q.device)
+    options = _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule)
+    docs = _c_documents(cu_seqlens, max_seqlen)
+    with torch.cuda.device(q.device):
+        saved_bytes = _buffer_bytes("saved_codes", tokens, q_heads, kv_heads, dim, docs.num_docs)
+        nbytes = _buffer_bytes("forward_train", tokens, q_heads, kv_heads, dim, docs.num_docs)
+        saved = torch.empty((saved_bytes,), dtype=torch.uint8, device=q.device)
+        workspace = torch.empty((nbytes,), dtype=torch.uint8, device=q.device)
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        _capi.forward_train(_descriptor(q), _descriptor(k), _descriptor(v), docs, options, _descriptor(o),
+                            lse.data_ptr(), saved.data_ptr(), saved_bytes, workspace.data_ptr(), nbytes, stream)
+    return o, lse, saved
+
+
+@attention_forward_train.register_fake
+def _attention_forward_train_fake(q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry,
+                                  scale_rule):
+    _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
+    tokens, q_heads, dim = q.shape
+    saved_bytes = _buffer_bytes("saved_codes", int(tokens), int(q_heads), int(k.shape[1]), int(dim),
+                                int(cu_seqlens.shape[0]) - 1)
+    return (q.new_empty((tokens, q_heads, dim), dtype=torch.bfloat16),
+            q.new_empty((q_heads, tokens), dtype=torch.float32), q.new_empty((saved_bytes,), dtype=torch.uint8))
+
+
+@torch.library.custom_op("flamia::attention_backward_saved", mutates_args=())
+def attention_backward_saved(
+    dout: torch.Tensor,
+    saved_codes: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    kv_heads: int,
+    causal: bool,
+    softmax_scale: float,
+    isolation: str,
+    scale_geometry: str,
+    scale_rule: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """attention_backward from attention_forward_train's saved codes (q, k and v are not needed):
+    bitwise the same (dq, dk, dv)."""
+    _check_tensor(dout, "dout", torch.bfloat16, 3)
+    _check_tensor(o, "o", torch.bfloat16, 3)
+    _check_tensor(lse, "lse", torch.float32, 2)
+    _check_tensor(saved_codes, "saved_codes", torch.uint8, 1)
+    _check_tensor(cu_seqlens, "cu_seqlens", torch.int32, 1)
+    tokens, q_heads, dim = dout.shape
+    o, dout = _kernel_layout(o), _kernel_layout(dout)
+    if lse.shape != (q_heads, tokens):
+        raise ValueError(f"flamia.attention_backward: lse must have shape {(q_heads, tokens)}, got {tuple(lse.shape)}")
+    if not lse.is_contiguous():
+        lse = lse.contiguous()
+    if cu_seqlens.stride(0) != 1:
+        cu_seqlens = cu_seqlens.contiguous()
+
+    dq = torch.empty((tokens, q_heads, dim), dtype=torch.bfloat16, device=dout.device)
+    dk = torch.empty((tokens, kv_heads, dim), dtype=torch.bfloat16, device=dout.device)
+    dv = torch.empty((tokens, kv_heads, dim), dtype=torch.bfloat16, device=dout.device)
+    options = _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule)
+    docs = _c_documents(cu_seqlens, max_seqlen)
+    with torch.cuda.device(dout.device):
+        nbytes = _buffer_bytes("backward_saved", tokens, q_heads, kv_heads, dim, docs.num_docs)
+        workspace = torch.empty((nbytes,), dtype=torch.uint8, device=dout.device)
+        stream = torch.cuda.current_stream(dout.device).cuda_stream
+        q, k, v = _shape_descriptors(tokens, q_heads, kv_heads, dim)
+        _capi.backward_saved(q, k, v, _descriptor(o), lse.data_ptr(), _descriptor(dout), docs, options,
+                             saved_codes.data_ptr(), saved_codes.numel(), _descriptor(dq), _descriptor(dk),
+                             _descriptor(dv), workspace.data_ptr(), nbytes, stream)
+    return dq, dk, dv
+
+
+@attention_backward_saved.register_fake
+def _attention_backward_saved_fake(dout, saved_codes, o, lse, cu_seqlens, max_seqlen, kv_heads, causal,
+                                   softmax_scale, isolation, scale_geometry, scale_rule):
+    tokens, q_heads, dim = dout.shape
+    return (dout.new_empty((tokens, q_heads, dim)), dout.new_empty((tokens, kv_heads, dim)),
+            dout.new_empty((tokens, kv_heads, dim)))
 
 
 def _setup_context(ctx, inputs, output):
@@ -239,8 +360,25 @@ def _backward(ctx, grad_o, grad_lse):
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _setup_context_train(ctx, inputs, output):
+    q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry, scale_rule = inputs
+    o, lse, saved = output
+    ctx.save_for_backward(saved, o, lse, cu_seqlens)  # not q, k, v: the codes replace them
+    ctx.arguments = (max_seqlen, k.shape[1], causal, softmax_scale, isolation, scale_geometry, scale_rule)
+    ctx.mark_non_differentiable(lse, saved)
+
+
+def _backward_train(ctx, grad_o, grad_lse, grad_saved):
+    saved, o, lse, cu_seqlens = ctx.saved_tensors
+    dq, dk, dv = attention_backward_saved(grad_o, saved, o, lse, cu_seqlens, *ctx.arguments)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+attention_forward_train.register_autograd(_backward_train, setup_context=_setup_context_train)
+
+
 def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, isolation="document",
-              scale_geometry="block32", scale_rule="ceil", return_lse=False):
+              scale_geometry="block32", scale_rule="ceil", return_lse=False, save_codes=True):
     """MXFP8, causally safe attention over packed variable-length documents.
 
     Args:
@@ -255,6 +393,9 @@ def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, 
         scale_geometry: "block32" (default; document-local 32-token groups) or "token".
         scale_rule: "ceil" (default; never clips) or "floor" (OCP MX).
         return_lse: also return lse [Hq, T] FP32 (natural log).
+        save_codes: when a gradient will be taken, keep q, k and v's MXFP8 codes (about 2 bytes per
+            element of q, k and v) for the backward instead of q, k and v themselves, so the
+            backward does not quantize them again (default True; same gradients bitwise).
 
     Returns:
         o [T, Hq, D] BF16, or (o, lse) when return_lse (lse carries no gradient).
@@ -273,8 +414,12 @@ def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, 
     _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
-    o, lse = attention_forward(q, k, v, cu_seqlens, max_seqlen, bool(causal), float(softmax_scale), isolation,
-                               scale_geometry, scale_rule)
+    arguments = (q, k, v, cu_seqlens, max_seqlen, bool(causal), float(softmax_scale), isolation, scale_geometry,
+                 scale_rule)
+    if save_codes and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        o, lse, _ = attention_forward_train(*arguments)
+    else:
+        o, lse = attention_forward(*arguments)
     if return_lse:
         return o, lse.detach()  # the backward differentiates o only
     return o

@@ -1,6 +1,7 @@
-// flamia_backward: validate, carve the caller's workspace, quantize Q, K, V (bitwise the codes the
-// forward used) and dO, build dO's running scale max and D_i, then run the dK dV and dQ kernels,
-// all asynchronously on the caller's stream. No allocation, no host synchronization and no
+// flamia_backward and flamia_backward_saved: validate, carve the caller's workspace, quantize Q, K
+// and V (bitwise the codes the forward used; flamia_backward_saved reads them from the saved codes
+// instead) and dO, build dO's running scale max and D_i, then run the dK dV and dQ kernels, all
+// asynchronously on the caller's stream. No allocation, no host synchronization and no
 // device-to-host copy, so the call can be captured in a CUDA graph.
 #include <cuda_runtime.h>
 
@@ -17,13 +18,24 @@
 namespace flamia::capi {
 namespace {
 
+// codes: kInWorkspace for flamia_backward (q, k, v quantized again), kSaved for
+// flamia_backward_saved (their codes read from flamia_forward_train's saved_codes).
 CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v, const flamia_tensor* o,
                    const float* lse, const flamia_tensor* dout, const flamia_documents* docs,
-                   const flamia_options* options, flamia_tensor* dq, flamia_tensor* dk, flamia_tensor* dv,
-                   void* workspace, size_t workspace_bytes, void* stream) {
-  if (CallError e = validate_backward(q, k, v, o, lse, dout, docs, options, dq, dk, dv); !e.ok()) return e;
-  const BackwardWorkspace ws = backward_workspace_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs);
-  if (CallError e = check_workspace(ws, workspace, workspace_bytes); !e.ok()) return e;
+                   const flamia_options* options, QkvCodes codes, const void* saved_codes, size_t saved_codes_bytes,
+                   flamia_tensor* dq, flamia_tensor* dk, flamia_tensor* dv, void* workspace, size_t workspace_bytes,
+                   void* stream) {
+  if (CallError e = validate_backward(q, k, v, o, lse, dout, docs, options, dq, dk, dv, codes); !e.ok()) return e;
+  const bool saved = codes == QkvCodes::kSaved;
+  const BackwardWorkspace ws = backward_workspace_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, codes);
+  if (CallError e = check_workspace(ws, workspace, workspace_bytes,
+                                    saved ? "flamia_backward_saved_workspace_size" : "flamia_backward_workspace_size");
+      !e.ok())
+    return e;
+  const SavedCodes saved_layout = saved_codes_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs);
+  if (saved) {
+    if (CallError e = check_saved_codes(saved_layout, saved_codes, saved_codes_bytes); !e.ok()) return e;
+  }
   if (CallError e = check_device(); !e.ok()) return e;
 
   // validate_backward bounds T * H * D by 2^31 - 1, so every extent fits an int.
@@ -33,7 +45,12 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   uint8_t* const base = static_cast<uint8_t*>(workspace);
   auto region = [base](const WorkspaceRegion& r) { return region_pointer(base, r); };
 
-  if (CallError e = quantize_qkv(*q, *k, *v, *docs, numerics, base, ws, s); !e.ok()) return e;
+  // The saved buffer is only read here (the kernels take const pointers).
+  const QkvCodePointers qkv = saved ? qkv_code_pointers(static_cast<uint8_t*>(const_cast<void*>(saved_codes)), saved_layout)
+                                    : qkv_code_pointers(base, ws);
+  if (!saved) {
+    if (CallError e = quantize_qkv(*q, *k, *v, *docs, numerics, qkv, s); !e.ok()) return e;
+  }
   if (CallError e = quantize_operand(*dout, *docs, numerics, region(ws.g_codes), region(ws.g_codes_t),
                                     region(ws.g_scales), s, "dout");
       !e.ok())
@@ -46,11 +63,11 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
     return cuda_error("dout's running scale max (launch_prefix_max_scales)", err);
 
   cuda::sm90::BackwardParams p{};
-  p.q_codes = region(ws.q_codes), p.q_scales = region(ws.q_scales);
-  p.k_codes = region(ws.k_codes), p.k_scales = region(ws.k_scales);
-  p.v_codes = region(ws.v_codes), p.v_scales = region(ws.v_scales);
+  p.q_codes = qkv.q_codes, p.q_scales = qkv.q_scales;
+  p.k_codes = qkv.k_codes, p.k_scales = qkv.k_scales;
+  p.v_codes = qkv.v_codes, p.v_scales = qkv.v_scales;
   p.g_codes = region(ws.g_codes), p.g_scales = region(ws.g_scales);
-  p.q_codes_t = region(ws.q_codes_t), p.k_codes_t = region(ws.k_codes_t), p.g_codes_t = region(ws.g_codes_t);
+  p.q_codes_t = qkv.q_codes_t, p.k_codes_t = qkv.k_codes_t, p.g_codes_t = region(ws.g_codes_t);
   p.t_pitch = layout::transposed_tokens(T, docs->num_docs);
   p.g_scale_prefix_max = region(ws.g_scale_prefix_max);
   p.o = o->data, p.o_stride_token = o->stride_token, p.o_stride_head = o->stride_head;
@@ -82,6 +99,19 @@ extern "C" flamia_status flamia_backward(const flamia_tensor* q, const flamia_te
                                          flamia_tensor* dq, flamia_tensor* dk, flamia_tensor* dv, void* workspace,
                                          size_t workspace_bytes, void* stream, flamia_error* error) {
   return flamia::capi::guarded(error, [&] {
-    return flamia::capi::backward(q, k, v, o, lse, dout, docs, options, dq, dk, dv, workspace, workspace_bytes, stream);
+    return flamia::capi::backward(q, k, v, o, lse, dout, docs, options, flamia::capi::QkvCodes::kInWorkspace, nullptr,
+                                  0, dq, dk, dv, workspace, workspace_bytes, stream);
+  });
+}
+
+extern "C" flamia_status flamia_backward_saved(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
+                                               const flamia_tensor* o, const float* lse, const flamia_tensor* dout,
+                                               const flamia_documents* docs, const flamia_options* options,
+                                               const void* saved_codes, size_t saved_codes_bytes, flamia_tensor* dq,
+                                               flamia_tensor* dk, flamia_tensor* dv, void* workspace,
+                                               size_t workspace_bytes, void* stream, flamia_error* error) {
+  return flamia::capi::guarded(error, [&] {
+    return flamia::capi::backward(q, k, v, o, lse, dout, docs, options, flamia::capi::QkvCodes::kSaved, saved_codes,
+                                  saved_codes_bytes, dq, dk, dv, workspace, workspace_bytes, stream);
   });
 }

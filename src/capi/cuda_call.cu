@@ -47,6 +47,16 @@ CallError quantize_operand(const flamia_tensor& t, const flamia_documents& docs,
   return CallError::success();
 }
 
+CallError quantize_qkv(const flamia_tensor& q, const flamia_tensor& k, const flamia_tensor& v,
+                       const flamia_documents& docs, const NumericsOptions& numerics, const QkvCodePointers& dst,
+                       cudaStream_t stream) {
+  if (CallError e = quantize_operand(q, docs, numerics, dst.q_codes, dst.q_codes_t, dst.q_scales, stream, "q"); !e.ok())
+    return e;
+  if (CallError e = quantize_operand(k, docs, numerics, dst.k_codes, dst.k_codes_t, dst.k_scales, stream, "k"); !e.ok())
+    return e;
+  return quantize_operand(v, docs, numerics, dst.v_codes, dst.v_codes_t, dst.v_scales, stream, "v");
+}
+
 float resolved_softmax_scale(const flamia_options& options, int head_dim) {
   return options.softmax_scale > 0.0f ? options.softmax_scale : float(1.0 / std::sqrt(double(head_dim)));
 }

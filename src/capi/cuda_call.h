@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <string>
-#include <tuple>
 
 #include "capi/validate.h"
 #include "core/options.h"
@@ -35,22 +34,27 @@ inline uint8_t* region_pointer(uint8_t* workspace, const WorkspaceRegion& r) {
   return r.bytes == 0 ? nullptr : workspace + r.offset;
 }
 
-// Quantizes q, k and v into the regions of a forward or backward workspace layout, whose base is
-// `workspace`: both calls encode the same operands the same way, each into the code layouts
-// (rows, transposed) that its layout has.
-template <class Workspace>
-CallError quantize_qkv(const flamia_tensor& q, const flamia_tensor& k, const flamia_tensor& v,
-                       const flamia_documents& docs, const NumericsOptions& numerics, uint8_t* workspace,
-                       const Workspace& ws, cudaStream_t stream) {
-  auto at = [workspace](const WorkspaceRegion& r) { return region_pointer(workspace, r); };
-  const std::tuple<const flamia_tensor&, uint8_t*, uint8_t*, uint8_t*, const char*> operands[] = {
-      {q, at(ws.q_codes), at(ws.q_codes_t), at(ws.q_scales), "q"},
-      {k, at(ws.k_codes), at(ws.k_codes_t), at(ws.k_scales), "k"},
-      {v, at(ws.v_codes), at(ws.v_codes_t), at(ws.v_scales), "v"}};
-  for (const auto& [t, codes, transposed, scales, name] : operands)
-    if (CallError e = quantize_operand(t, docs, numerics, codes, transposed, scales, stream, name); !e.ok()) return e;
-  return CallError::success();
+// Where q, k and v's codes and scales are, or go: into a call's workspace or a saved codes buffer
+// (validate.h's QkvCodes). A code layout the call does not use is null.
+struct QkvCodePointers {
+  uint8_t *q_codes, *k_codes, *v_codes;        // rows [T, H, D]
+  uint8_t *q_codes_t, *k_codes_t, *v_codes_t;  // transposed (core/operand_layout.h)
+  uint8_t *q_scales, *k_scales, *v_scales;     // [T, H]
+};
+// The q, k, v regions of a layout (ForwardWorkspace, BackwardWorkspace or SavedCodes: the same
+// field names) placed at base.
+template <class Layout>
+QkvCodePointers qkv_code_pointers(uint8_t* base, const Layout& l) {
+  auto at = [base](const WorkspaceRegion& r) { return region_pointer(base, r); };
+  return {at(l.q_codes),   at(l.k_codes),   at(l.v_codes),  at(l.q_codes_t), at(l.k_codes_t),
+          at(l.v_codes_t), at(l.q_scales), at(l.k_scales), at(l.v_scales)};
 }
+
+// Quantizes q, k and v into dst: the forward, the backward and the saving forward encode the same
+// operands the same way, each into the code layouts (rows, transposed) that dst has.
+CallError quantize_qkv(const flamia_tensor& q, const flamia_tensor& k, const flamia_tensor& v,
+                       const flamia_documents& docs, const NumericsOptions& numerics, const QkvCodePointers& dst,
+                       cudaStream_t stream);
 
 // The softmax scale the kernels use: options.softmax_scale, or 1/sqrt(D) when it is 0.
 float resolved_softmax_scale(const flamia_options& options, int head_dim);

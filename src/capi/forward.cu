@@ -1,7 +1,7 @@
-// flamia_forward: validate, carve the caller's workspace, quantize Q, K and V, build the V fold
-// reference, then run the Hopper forward kernel, all asynchronously on the caller's stream. No
-// allocation, no host synchronization and no device-to-host copy, so the call can be captured in
-// a CUDA graph.
+// flamia_forward and flamia_forward_train: validate, carve the caller's workspace (and saved codes
+// buffer), quantize Q, K and V, build the V fold reference, then run the Hopper forward kernel, all
+// asynchronously on the caller's stream. No allocation, no host synchronization and no
+// device-to-host copy, so the call can be captured in a CUDA graph.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -19,12 +19,22 @@
 namespace flamia::capi {
 namespace {
 
+// codes: kInWorkspace for flamia_forward, kSaved for flamia_forward_train (q, k and v quantized
+// into saved_codes, in every layout the backward reads too).
 CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v, const flamia_documents* docs,
-                  const flamia_options* options, flamia_tensor* o, float* lse, void* workspace,
-                  size_t workspace_bytes, void* stream) {
+                  const flamia_options* options, flamia_tensor* o, float* lse, QkvCodes codes, void* saved_codes,
+                  size_t saved_codes_bytes, void* workspace, size_t workspace_bytes, void* stream) {
   if (CallError e = validate_forward(q, k, v, docs, options, o, lse); !e.ok()) return e;
-  const ForwardWorkspace ws = forward_workspace_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs);
-  if (CallError e = check_workspace(ws, workspace, workspace_bytes); !e.ok()) return e;
+  const bool saving = codes == QkvCodes::kSaved;
+  const ForwardWorkspace ws = forward_workspace_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, codes);
+  if (CallError e = check_workspace(ws, workspace, workspace_bytes,
+                                    saving ? "flamia_forward_train_workspace_size" : "flamia_forward_workspace_size");
+      !e.ok())
+    return e;
+  const SavedCodes saved = saved_codes_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs);
+  if (saving) {
+    if (CallError e = check_saved_codes(saved, saved_codes, saved_codes_bytes); !e.ok()) return e;
+  }
   if (CallError e = check_device(); !e.ok()) return e;
 
   // validate_forward bounds T * H * D by 2^31 - 1, so every extent fits an int.
@@ -34,20 +44,22 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   uint8_t* const base = static_cast<uint8_t*>(workspace);
   auto region = [base](const WorkspaceRegion& r) { return region_pointer(base, r); };
 
-  if (CallError e = quantize_qkv(*q, *k, *v, *docs, numerics, base, ws, s); !e.ok()) return e;
-  if (const cudaError_t err = cuda::launch_prefix_max_scales(region(ws.v_scales), T, Hkv, docs->cu_seqlens,
-                                                             docs->num_docs, region(ws.v_fold_ref), s);
+  const QkvCodePointers qkv =
+      saving ? qkv_code_pointers(static_cast<uint8_t*>(saved_codes), saved) : qkv_code_pointers(base, ws);
+  if (CallError e = quantize_qkv(*q, *k, *v, *docs, numerics, qkv, s); !e.ok()) return e;
+  if (const cudaError_t err = cuda::launch_prefix_max_scales(qkv.v_scales, T, Hkv, docs->cu_seqlens, docs->num_docs,
+                                                             region(ws.v_fold_ref), s);
       err != cudaSuccess)
     return cuda_error("the V fold reference (launch_prefix_max_scales)", err);
 
   cuda::sm90::ForwardParams p{};
-  p.q_codes = region(ws.q_codes);
-  p.q_scales = region(ws.q_scales);
-  p.k_codes = region(ws.k_codes);
-  p.k_scales = region(ws.k_scales);
-  p.v_codes_t = region(ws.v_codes_t);
+  p.q_codes = qkv.q_codes;
+  p.q_scales = qkv.q_scales;
+  p.k_codes = qkv.k_codes;
+  p.k_scales = qkv.k_scales;
+  p.v_codes_t = qkv.v_codes_t;
   p.vt_pitch = layout::transposed_tokens(T, docs->num_docs);
-  p.v_scales = region(ws.v_scales);
+  p.v_scales = qkv.v_scales;
   p.v_fold_ref = region(ws.v_fold_ref);
   p.o = o->data;
   p.o_stride_token = o->stride_token;
@@ -68,6 +80,18 @@ extern "C" flamia_status flamia_forward(const flamia_tensor* q, const flamia_ten
                                         float* lse, void* workspace, size_t workspace_bytes, void* stream,
                                         flamia_error* error) {
   return flamia::capi::guarded(error, [&] {
-    return flamia::capi::forward(q, k, v, docs, options, o, lse, workspace, workspace_bytes, stream);
+    return flamia::capi::forward(q, k, v, docs, options, o, lse, flamia::capi::QkvCodes::kInWorkspace, nullptr, 0,
+                                 workspace, workspace_bytes, stream);
+  });
+}
+
+extern "C" flamia_status flamia_forward_train(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
+                                              const flamia_documents* docs, const flamia_options* options,
+                                              flamia_tensor* o, float* lse, void* saved_codes, size_t saved_codes_bytes,
+                                              void* workspace, size_t workspace_bytes, void* stream,
+                                              flamia_error* error) {
+  return flamia::capi::guarded(error, [&] {
+    return flamia::capi::forward(q, k, v, docs, options, o, lse, flamia::capi::QkvCodes::kSaved, saved_codes,
+                                 saved_codes_bytes, workspace, workspace_bytes, stream);
   });
 }

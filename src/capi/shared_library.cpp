@@ -19,11 +19,18 @@ struct EntryPoints {
   decltype(&flamia_forward) forward;
   decltype(&flamia_backward_workspace_size) backward_workspace_size;
   decltype(&flamia_backward) backward;
+  decltype(&flamia_saved_codes_size) saved_codes_size;
+  decltype(&flamia_forward_train_workspace_size) forward_train_workspace_size;
+  decltype(&flamia_forward_train) forward_train;
+  decltype(&flamia_backward_saved_workspace_size) backward_saved_workspace_size;
+  decltype(&flamia_backward_saved) backward_saved;
 };
 
 [[maybe_unused]] __attribute__((used)) const EntryPoints kEntryPoints = {
     &flamia_default_options, &flamia_status_name, &flamia_forward_workspace_size, &flamia_forward,
-    &flamia_backward_workspace_size, &flamia_backward};
+    &flamia_backward_workspace_size, &flamia_backward, &flamia_saved_codes_size,
+    &flamia_forward_train_workspace_size, &flamia_forward_train, &flamia_backward_saved_workspace_size,
+    &flamia_backward_saved};
 
 }  // namespace
 

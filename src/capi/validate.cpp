@@ -265,7 +265,7 @@ CallError validate_forward(const flamia_tensor* q, const flamia_tensor* k, const
 CallError validate_backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
                             const flamia_tensor* o, const float* lse, const flamia_tensor* dout,
                             const flamia_documents* docs, const flamia_options* options, const flamia_tensor* dq,
-                            const flamia_tensor* dk, const flamia_tensor* dv) {
+                            const flamia_tensor* dk, const flamia_tensor* dv, QkvCodes codes) {
   const std::pair<const void*, const char*> required[] = {
       {q, "q is NULL"},       {k, "k is NULL"},   {v, "v is NULL"},   {o, "o is NULL (the forward's output)"},
       {lse, "lse is NULL (the forward's lse)"}, {dout, "dout is NULL"}, {docs, "docs is NULL"},
@@ -279,9 +279,11 @@ CallError validate_backward(const flamia_tensor* q, const flamia_tensor* k, cons
   FLAMIA_RETURN_IF_ERROR(check_like(*dq, "dq", *q, "q"));
   FLAMIA_RETURN_IF_ERROR(check_like(*dk, "dk", *k, "k"));
   FLAMIA_RETURN_IF_ERROR(check_like(*dv, "dv", *k, "k"));
-  FLAMIA_RETURN_IF_ERROR(check_layout(*q, "q", false));
-  FLAMIA_RETURN_IF_ERROR(check_layout(*k, "k", false));
-  FLAMIA_RETURN_IF_ERROR(check_layout(*v, "v", false));
+  if (codes == QkvCodes::kInWorkspace) {  // else their codes come from the saved buffer
+    FLAMIA_RETURN_IF_ERROR(check_layout(*q, "q", false));
+    FLAMIA_RETURN_IF_ERROR(check_layout(*k, "k", false));
+    FLAMIA_RETURN_IF_ERROR(check_layout(*v, "v", false));
+  }
   FLAMIA_RETURN_IF_ERROR(check_layout(*o, "o", false));
   FLAMIA_RETURN_IF_ERROR(check_layout(*dout, "dout", false));
   FLAMIA_RETURN_IF_ERROR(check_layout(*dq, "dq", true));
@@ -315,6 +317,8 @@ class RegionCarver {
     at_ = align_up(at_ + bytes);
     return r;
   }
+  // take(bytes) when the layout has the buffer, else the empty region (no bytes, no pointer).
+  WorkspaceRegion take_if(bool present, size_t bytes) { return present ? take(bytes) : WorkspaceRegion{}; }
   size_t total() const { return at_; }
 
  private:
@@ -324,37 +328,57 @@ class RegionCarver {
 }  // namespace
 
 ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                                          int64_t num_docs) {
+                                          int64_t num_docs, QkvCodes codes) {
   ForwardWorkspace w;
   RegionCarver c;
   const size_t t = size_t(tokens), hq = size_t(q_heads), hkv = size_t(kv_heads), d = size_t(head_dim);
-  w.q_codes = c.take(t * hq * d);
-  w.k_codes = c.take(t * hkv * d);
-  w.v_codes_t = c.take(hkv * d * size_t(layout::transposed_tokens(tokens, num_docs)));
-  w.q_scales = c.take(t * hq);
-  w.k_scales = c.take(t * hkv);
-  w.v_scales = c.take(t * hkv);
+  const bool own = codes == QkvCodes::kInWorkspace;  // else they live in the saved codes buffer
+  w.q_codes = c.take_if(own, t * hq * d);
+  w.k_codes = c.take_if(own, t * hkv * d);
+  w.v_codes_t = c.take_if(own, hkv * d * size_t(layout::transposed_tokens(tokens, num_docs)));
+  w.q_scales = c.take_if(own, t * hq);
+  w.k_scales = c.take_if(own, t * hkv);
+  w.v_scales = c.take_if(own, t * hkv);
   w.v_fold_ref = c.take(t * hkv);
   w.total = c.total();
   return w;
 }
 
-BackwardWorkspace backward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                                            int64_t num_docs) {
-  BackwardWorkspace w;
+SavedCodes saved_codes_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t num_docs) {
+  SavedCodes w;
   RegionCarver c;
   const size_t t = size_t(tokens), hq = size_t(q_heads), hkv = size_t(kv_heads), d = size_t(head_dim);
   const size_t slots = size_t(layout::transposed_tokens(tokens, num_docs));
   w.q_codes = c.take(t * hq * d);
   w.k_codes = c.take(t * hkv * d);
   w.v_codes = c.take(t * hkv * d);
-  w.g_codes = c.take(t * hq * d);
   w.q_codes_t = c.take(hq * d * slots);
   w.k_codes_t = c.take(hkv * d * slots);
-  w.g_codes_t = c.take(hq * d * slots);
+  w.v_codes_t = c.take(hkv * d * slots);
   w.q_scales = c.take(t * hq);
   w.k_scales = c.take(t * hkv);
   w.v_scales = c.take(t * hkv);
+  w.total = c.total();
+  return w;
+}
+
+BackwardWorkspace backward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                                            int64_t num_docs, QkvCodes codes) {
+  BackwardWorkspace w;
+  RegionCarver c;
+  const size_t t = size_t(tokens), hq = size_t(q_heads), hkv = size_t(kv_heads), d = size_t(head_dim);
+  const size_t slots = size_t(layout::transposed_tokens(tokens, num_docs));
+  const bool own = codes == QkvCodes::kInWorkspace;  // else they live in the saved codes buffer
+  w.q_codes = c.take_if(own, t * hq * d);
+  w.k_codes = c.take_if(own, t * hkv * d);
+  w.v_codes = c.take_if(own, t * hkv * d);
+  w.g_codes = c.take(t * hq * d);
+  w.q_codes_t = c.take_if(own, hq * d * slots);
+  w.k_codes_t = c.take_if(own, hkv * d * slots);
+  w.g_codes_t = c.take(hq * d * slots);
+  w.q_scales = c.take_if(own, t * hq);
+  w.k_scales = c.take_if(own, t * hkv);
+  w.v_scales = c.take_if(own, t * hkv);
   w.g_scales = c.take(t * hq);
   w.g_scale_prefix_max = c.take(t * hq);
   w.delta = c.take(t * hq * sizeof(float));
@@ -364,29 +388,36 @@ BackwardWorkspace backward_workspace_layout(int64_t tokens, int64_t q_heads, int
 
 namespace {
 
-CallError check_workspace_bytes(size_t required, const char* size_query, const void* workspace, size_t workspace_bytes) {
-  if (workspace == nullptr) {
-    return {FLAMIA_ERROR_WORKSPACE, "workspace is NULL; this call needs " + std::to_string(required) + " bytes (" +
-                                        size_query + ")"};
+CallError check_buffer_bytes(std::string_view name, size_t required, const char* size_query, const void* buffer,
+                             size_t buffer_bytes) {
+  const std::string n(name);
+  if (buffer == nullptr) {
+    return {FLAMIA_ERROR_WORKSPACE,
+            n + " is NULL; this call needs " + std::to_string(required) + " bytes (" + size_query + ")"};
   }
-  if (workspace_bytes < required) {
-    return {FLAMIA_ERROR_WORKSPACE, "workspace_bytes (" + std::to_string(workspace_bytes) + ") is smaller than the " +
+  if (buffer_bytes < required) {
+    return {FLAMIA_ERROR_WORKSPACE, n + "_bytes (" + std::to_string(buffer_bytes) + ") is smaller than the " +
                                         std::to_string(required) + " bytes " + size_query + " returns"};
   }
-  if (reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlignment != 0) {
+  if (reinterpret_cast<uintptr_t>(buffer) % kWorkspaceAlignment != 0) {
     return {FLAMIA_ERROR_WORKSPACE,
-            "workspace must be 256-byte aligned (as cudaMalloc returns), got address " + address(workspace)};
+            n + " must be 256-byte aligned (as cudaMalloc returns), got address " + address(buffer)};
   }
   return CallError::success();
 }
 
 }  // namespace
 
-CallError check_workspace(const ForwardWorkspace& layout, const void* workspace, size_t workspace_bytes) {
-  return check_workspace_bytes(layout.total, "flamia_forward_workspace_size", workspace, workspace_bytes);
+CallError check_workspace(const ForwardWorkspace& layout, const void* workspace, size_t workspace_bytes,
+                          const char* size_query) {
+  return check_buffer_bytes("workspace", layout.total, size_query, workspace, workspace_bytes);
 }
-CallError check_workspace(const BackwardWorkspace& layout, const void* workspace, size_t workspace_bytes) {
-  return check_workspace_bytes(layout.total, "flamia_backward_workspace_size", workspace, workspace_bytes);
+CallError check_workspace(const BackwardWorkspace& layout, const void* workspace, size_t workspace_bytes,
+                          const char* size_query) {
+  return check_buffer_bytes("workspace", layout.total, size_query, workspace, workspace_bytes);
+}
+CallError check_saved_codes(const SavedCodes& layout, const void* saved_codes, size_t saved_codes_bytes) {
+  return check_buffer_bytes("saved_codes", layout.total, "flamia_saved_codes_size", saved_codes, saved_codes_bytes);
 }
 
 flamia_status report(const CallError& result, flamia_error* error) {
@@ -450,12 +481,37 @@ const char* flamia_status_name(flamia_status status) {
 
 flamia_status flamia_forward_workspace_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
                                             const flamia_documents* docs, size_t* bytes, flamia_error* error) {
-  return flamia::capi::workspace_size_query(q, k, v, docs, bytes, error, flamia::capi::forward_workspace_layout);
+  return flamia::capi::workspace_size_query(q, k, v, docs, bytes, error, [](auto... shape) {
+    return flamia::capi::forward_workspace_layout(shape..., flamia::capi::QkvCodes::kInWorkspace);
+  });
 }
 
 flamia_status flamia_backward_workspace_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
                                              const flamia_documents* docs, size_t* bytes, flamia_error* error) {
-  return flamia::capi::workspace_size_query(q, k, v, docs, bytes, error, flamia::capi::backward_workspace_layout);
+  return flamia::capi::workspace_size_query(q, k, v, docs, bytes, error, [](auto... shape) {
+    return flamia::capi::backward_workspace_layout(shape..., flamia::capi::QkvCodes::kInWorkspace);
+  });
+}
+
+flamia_status flamia_saved_codes_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
+                                      const flamia_documents* docs, size_t* bytes, flamia_error* error) {
+  return flamia::capi::workspace_size_query(q, k, v, docs, bytes, error, flamia::capi::saved_codes_layout);
+}
+
+flamia_status flamia_forward_train_workspace_size(const flamia_tensor* q, const flamia_tensor* k,
+                                                  const flamia_tensor* v, const flamia_documents* docs, size_t* bytes,
+                                                  flamia_error* error) {
+  return flamia::capi::workspace_size_query(q, k, v, docs, bytes, error, [](auto... shape) {
+    return flamia::capi::forward_workspace_layout(shape..., flamia::capi::QkvCodes::kSaved);
+  });
+}
+
+flamia_status flamia_backward_saved_workspace_size(const flamia_tensor* q, const flamia_tensor* k,
+                                                   const flamia_tensor* v, const flamia_documents* docs, size_t* bytes,
+                                                   flamia_error* error) {
+  return flamia::capi::workspace_size_query(q, k, v, docs, bytes, error, [](auto... shape) {
+    return flamia::capi::backward_workspace_layout(shape..., flamia::capi::QkvCodes::kSaved);
+  });
 }
 
 }  // extern "C"

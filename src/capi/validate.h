@@ -37,6 +37,11 @@ inline constexpr int64_t kStrideMultiple = 8;
 // alignment are not looked at (the size query only needs the shapes).
 CallError validate_shapes(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v);
 
+// Where a call finds (or puts) q, k and v's codes: in its own workspace, or in a caller's saved
+// codes buffer (the training pair flamia_forward_train / flamia_backward_saved), which then holds
+// them for the backward and the workspace has no code regions.
+enum class QkvCodes { kInWorkspace, kSaved };
+
 // Everything flamia_forward checks before it touches the device (never dereferences a device
 // pointer; reads docs->cu_seqlens_host when it is not NULL). INVALID_ARGUMENT problems are
 // reported before NOT_SUPPORTED ones, so NOT_SUPPORTED means "valid, but not built".
@@ -46,10 +51,12 @@ CallError validate_forward(const flamia_tensor* q, const flamia_tensor* k, const
 
 // Everything flamia_backward checks before it touches the device: the forward's rules for q, k,
 // v, o (an input here), lse, docs and options, and dout and dq shaped like q, dk and dv like k.
+// With QkvCodes::kSaved (flamia_backward_saved) only the shapes of q, k and v are read: their
+// data pointers and strides are not checked (they may be NULL).
 CallError validate_backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
                             const flamia_tensor* o, const float* lse, const flamia_tensor* dout,
                             const flamia_documents* docs, const flamia_options* options, const flamia_tensor* dq,
-                            const flamia_tensor* dk, const flamia_tensor* dv);
+                            const flamia_tensor* dk, const flamia_tensor* dv, QkvCodes codes = QkvCodes::kInWorkspace);
 
 // The C options as the numerics core spells them (valid options only: check them first).
 NumericsOptions numerics_options(const flamia_options& options);
@@ -76,10 +83,20 @@ struct ForwardWorkspace {
   size_t total = 0;            // a multiple of kWorkspaceAlignment
 };
 
-// Precondition (both layouts): the shapes passed validate_shapes and num_docs >= 1 (so no size
+// Precondition (every layout): the shapes passed validate_shapes and num_docs >= 1 (so no size
 // can overflow).
 ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                                          int64_t num_docs);
+                                          int64_t num_docs, QkvCodes codes = QkvCodes::kInWorkspace);
+
+// The saved codes of flamia_forward_train: q, k and v in both layouts (the forward reads Q and K
+// rows and V transposed, the backward Q, K, V rows and Q, K transposed) and their scales.
+struct SavedCodes {
+  WorkspaceRegion q_codes, k_codes, v_codes;        // E4M3 [T, H, D]
+  WorkspaceRegion q_codes_t, k_codes_t, v_codes_t;  // E4M3 transposed
+  WorkspaceRegion q_scales, k_scales, v_scales;     // UE8M0 [T, H]
+  size_t total = 0;                                 // a multiple of kWorkspaceAlignment
+};
+SavedCodes saved_codes_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t num_docs);
 
 // The backward's device workspace: Q, K, V and dO quantized again (bitwise the forward's codes),
 // dO's running scale max (for the dV fold reference) and D_i.
@@ -94,11 +111,16 @@ struct BackwardWorkspace {
 };
 
 BackwardWorkspace backward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                                            int64_t num_docs);
+                                            int64_t num_docs, QkvCodes codes = QkvCodes::kInWorkspace);
 
-// FLAMIA_ERROR_WORKSPACE when the workspace is NULL, smaller than layout.total, or not 256-byte aligned.
-CallError check_workspace(const ForwardWorkspace& layout, const void* workspace, size_t workspace_bytes);
-CallError check_workspace(const BackwardWorkspace& layout, const void* workspace, size_t workspace_bytes);
+// FLAMIA_ERROR_WORKSPACE when the workspace is NULL, smaller than layout.total, or not 256-byte
+// aligned; size_query names the function that gives the size.
+CallError check_workspace(const ForwardWorkspace& layout, const void* workspace, size_t workspace_bytes,
+                          const char* size_query = "flamia_forward_workspace_size");
+CallError check_workspace(const BackwardWorkspace& layout, const void* workspace, size_t workspace_bytes,
+                          const char* size_query = "flamia_backward_workspace_size");
+// The same rules for the saved codes buffer (named saved_codes in the messages).
+CallError check_saved_codes(const SavedCodes& layout, const void* saved_codes, size_t saved_codes_bytes);
 
 // Writes the message into *error (truncated to fit, always NUL-terminated; "" on success) when
 // error is not NULL, and returns the status.

@@ -623,6 +623,110 @@ TEST(CapiValidation, BackwardWorkspaceLayout) {
                     "flamia_backward_workspace_size"));
 }
 
+// The training pair's buffers: the saved codes hold q, k and v in both code layouts and their
+// scales; the forward's and the backward's workspaces then hold no q, k, v region, the rest as
+// before; each size query returns its layout's total.
+TEST(CapiValidation, SavedCodesLayouts) {
+  for (const auto& [T, Hq, Hkv, D, docs] : std::vector<std::array<int64_t, 5>>{
+           {1, 1, 1, 64, 1}, {14, 4, 2, 64, 3}, {1000, 32, 8, 128, 9}, {777, 6, 3, 128, 700}}) {
+    const size_t slots = size_t(32 * ((T + 31) / 32 + docs));
+    const SavedCodes s = saved_codes_layout(T, Hq, Hkv, D, docs);
+    EXPECT_EQ(s.total % kWorkspaceAlignment, 0u);
+    const WorkspaceRegion regions[] = {s.q_codes,   s.k_codes,   s.v_codes,  s.q_codes_t, s.k_codes_t,
+                                       s.v_codes_t, s.q_scales, s.k_scales, s.v_scales};
+    const size_t need[] = {size_t(T * Hq * D),     size_t(T * Hkv * D),     size_t(T * Hkv * D),
+                           size_t(Hq * D) * slots, size_t(Hkv * D) * slots, size_t(Hkv * D) * slots,
+                           size_t(T * Hq),         size_t(T * Hkv),         size_t(T * Hkv)};
+    size_t end = 0;
+    for (size_t i = 0; i < std::size(regions); ++i) {
+      EXPECT_EQ(regions[i].offset % kWorkspaceAlignment, 0u) << i;
+      EXPECT_GE(regions[i].bytes, need[i]) << i;
+      EXPECT_GE(regions[i].offset, end) << i << ": regions must not overlap";
+      end = regions[i].offset + regions[i].bytes;
+    }
+    EXPECT_LE(end, s.total);
+
+    // Without q, k, v's regions the workspaces keep the rest, in the same sizes.
+    const ForwardWorkspace f = forward_workspace_layout(T, Hq, Hkv, D, docs, QkvCodes::kSaved);
+    const ForwardWorkspace f_own = forward_workspace_layout(T, Hq, Hkv, D, docs);
+    for (const WorkspaceRegion& r : {f.q_codes, f.k_codes, f.v_codes_t, f.q_scales, f.k_scales, f.v_scales})
+      EXPECT_EQ(r.bytes, 0u);
+    EXPECT_EQ(f.v_fold_ref.bytes, f_own.v_fold_ref.bytes);
+    EXPECT_LT(f.total, f_own.total);
+    const BackwardWorkspace b = backward_workspace_layout(T, Hq, Hkv, D, docs, QkvCodes::kSaved);
+    const BackwardWorkspace b_own = backward_workspace_layout(T, Hq, Hkv, D, docs);
+    for (const WorkspaceRegion& r : {b.q_codes, b.k_codes, b.v_codes, b.q_codes_t, b.k_codes_t, b.q_scales,
+                                     b.k_scales, b.v_scales})
+      EXPECT_EQ(r.bytes, 0u);
+    const WorkspaceRegion kept[] = {b.g_codes, b.g_codes_t, b.g_scales, b.g_scale_prefix_max, b.delta};
+    const WorkspaceRegion kept_own[] = {b_own.g_codes, b_own.g_codes_t, b_own.g_scales, b_own.g_scale_prefix_max,
+                                        b_own.delta};
+    end = 0;
+    for (size_t i = 0; i < std::size(kept); ++i) {
+      EXPECT_EQ(kept[i].bytes, kept_own[i].bytes) << i;
+      EXPECT_GE(kept[i].offset, end) << i << ": regions must not overlap";
+      end = kept[i].offset + kept[i].bytes;
+    }
+    EXPECT_LE(end, b.total);
+    // The saved codes plus the smaller backward workspace take what the backward's own workspace
+    // took, plus V's transposed codes (which the forward reads) and alignment.
+    EXPECT_LE(b.total + s.total, b_own.total + s.v_codes_t.bytes + 16 * kWorkspaceAlignment);
+
+    flamia_tensor q = packed(0x10000, T, Hq, D), k = packed(0x20000, T, Hkv, D), v = packed(0x30000, T, Hkv, D);
+    flamia_documents d{};
+    d.num_docs = int32_t(docs);
+    flamia_error err;
+    const std::pair<flamia_status (*)(const flamia_tensor*, const flamia_tensor*, const flamia_tensor*,
+                                      const flamia_documents*, size_t*, flamia_error*),
+                    size_t>
+        queries[] = {{flamia_saved_codes_size, s.total},
+                     {flamia_forward_train_workspace_size, f.total},
+                     {flamia_backward_saved_workspace_size, b.total}};
+    for (const auto& [query, total] : queries) {
+      size_t bytes = 0;
+      ASSERT_EQ(query(&q, &k, &v, &d, &bytes, &err), FLAMIA_SUCCESS) << err.message;
+      EXPECT_EQ(bytes, total);
+    }
+  }
+  Call d;
+  d.q.dim = d.k.dim = d.v.dim = 96;
+  size_t bytes = 0;
+  for (auto query : {flamia_saved_codes_size, flamia_forward_train_workspace_size, flamia_backward_saved_workspace_size}) {
+    EXPECT_EQ(query(&d.q, &d.k, &d.v, &d.docs, &bytes, nullptr), kNotSupported);
+    EXPECT_EQ(query(&d.q, &d.k, &d.v, &d.docs, nullptr, nullptr), kInvalid);
+  }
+
+  const SavedCodes s = saved_codes_layout(14, 4, 2, 64, 3);
+  EXPECT_TRUE(check_saved_codes(s, fake_pointer(0x100000), s.total).ok());
+  EXPECT_TRUE(Fails(check_saved_codes(s, nullptr, s.total), FLAMIA_ERROR_WORKSPACE, "saved_codes is NULL"));
+  EXPECT_TRUE(Fails(check_saved_codes(s, fake_pointer(0x100000), s.total - 1), FLAMIA_ERROR_WORKSPACE,
+                    "flamia_saved_codes_size"));
+  EXPECT_TRUE(Fails(check_saved_codes(s, fake_pointer(0x100080), s.total), FLAMIA_ERROR_WORKSPACE, "256-byte"));
+  const ForwardWorkspace f = forward_workspace_layout(14, 4, 2, 64, 3, QkvCodes::kSaved);
+  EXPECT_TRUE(Fails(check_workspace(f, fake_pointer(0x100000), f.total - 1, "flamia_forward_train_workspace_size"),
+                    FLAMIA_ERROR_WORKSPACE, "flamia_forward_train_workspace_size"));
+}
+
+// flamia_backward_saved reads only q, k and v's shapes: NULL data and odd strides pass, shapes
+// are still checked.
+TEST(CapiValidation, BackwardFromSavedCodesReadsOnlyTheShapesOfQkv) {
+  BackwardCall c;
+  c.q.data = c.k.data = c.v.data = nullptr;
+  c.k.stride_token = 3;
+  auto validate_saved = [](const BackwardCall& b) {
+    return validate_backward(&b.q, &b.k, &b.v, &b.o, b.lse, &b.dout, &b.docs, &b.options, &b.dq, &b.dk, &b.dv,
+                             QkvCodes::kSaved);
+  };
+  EXPECT_TRUE(validate_saved(c).ok()) << validate_saved(c).message;
+  EXPECT_TRUE(Fails(c.validate(), kInvalid, "q.data"));
+  BackwardCall heads = c;
+  heads.v.heads = 3;
+  EXPECT_TRUE(Fails(validate_saved(heads), kInvalid, "v.heads"));
+  BackwardCall no_dout = c;
+  no_dout.dout.data = nullptr;
+  EXPECT_TRUE(Fails(validate_saved(no_dout), kInvalid, "dout.data"));
+}
+
 TEST(CapiValidation, ReportTruncatesAndTerminates) {
   flamia_error err;
   std::memset(err.message, 'x', sizeof err.message);

@@ -101,15 +101,24 @@ inline flamia_options to_c_options(const NumericsOptions& o, bool causal) {
   return c;
 }
 
+// How a training call hands q, k and v to its backward: the backward quantizes them again
+// (flamia_forward + flamia_backward), or reads the codes the forward saved (flamia_forward_train +
+// flamia_backward_saved).
+enum class QkvHandOver { kRequantize, kSavedCodes };
+
 // Everything one forward call needs on the device, kept alive together (also across graph capture).
 struct ForwardCall {
   DeviceTensor q, k, v, o;
   DeviceBuffer lse, cu_seqlens, workspace;
+  DeviceBuffer saved_codes;  // kSavedCodes only
   std::vector<int32_t> cu_host;
   flamia_documents docs{};
   flamia_options options{};
+  QkvHandOver hand_over = QkvHandOver::kRequantize;
 
-  ForwardCall(const analysis::AttentionInputs& in, const NumericsOptions& opt, bool causal) {
+  ForwardCall(const analysis::AttentionInputs& in, const NumericsOptions& opt, bool causal,
+              QkvHandOver hand_over_ = QkvHandOver::kRequantize)
+      : hand_over(hand_over_) {
     q = upload_bf16(in.q), k = upload_bf16(in.k), v = upload_bf16(in.v);
     o = empty_bf16(in.q.tokens, in.q.heads, in.q.dim);
     lse = DeviceBuffer(size_t(in.q.heads) * in.q.tokens * sizeof(float));
@@ -121,12 +130,23 @@ struct ForwardCall {
     options = to_c_options(opt, causal);
     size_t bytes = 0;
     flamia_error err{};
-    if (flamia_forward_workspace_size(&q.desc, &k.desc, &v.desc, &docs, &bytes, &err) != FLAMIA_SUCCESS)
+    const bool saving = hand_over == QkvHandOver::kSavedCodes;
+    if ((saving ? flamia_forward_train_workspace_size : flamia_forward_workspace_size)(&q.desc, &k.desc, &v.desc, &docs,
+                                                                                      &bytes, &err) != FLAMIA_SUCCESS)
       throw std::runtime_error(err.message);
     workspace = DeviceBuffer(bytes);
+    if (saving) {
+      if (flamia_saved_codes_size(&q.desc, &k.desc, &v.desc, &docs, &bytes, &err) != FLAMIA_SUCCESS)
+        throw std::runtime_error(err.message);
+      saved_codes = DeviceBuffer(bytes);
+      FLAMIA_CUDA_CHECK(cudaMemset(saved_codes.get(), 0xFF, bytes));  // poison: every byte read must be written
+    }
   }
 
   flamia_status launch(cudaStream_t stream, flamia_error* err) {
+    if (hand_over == QkvHandOver::kSavedCodes)
+      return flamia_forward_train(&q.desc, &k.desc, &v.desc, &docs, &options, &o.desc, static_cast<float*>(lse.get()),
+                                  saved_codes.get(), saved_codes.bytes(), workspace.get(), workspace.bytes(), stream, err);
     return flamia_forward(&q.desc, &k.desc, &v.desc, &docs, &options, &o.desc, static_cast<float*>(lse.get()),
                           workspace.get(), workspace.bytes(), stream, err);
   }
@@ -149,20 +169,30 @@ struct TrainingCall : ForwardCall {
   DeviceTensor dout, dq, dk, dv;
   DeviceBuffer backward_workspace;
 
-  TrainingCall(const analysis::AttentionInputs& in, const NumericsOptions& opt, bool causal)
-      : ForwardCall(in, opt, causal) {
+  TrainingCall(const analysis::AttentionInputs& in, const NumericsOptions& opt, bool causal,
+               QkvHandOver hand_over_ = QkvHandOver::kRequantize)
+      : ForwardCall(in, opt, causal, hand_over_) {
     dout = upload_bf16(in.dout);
     dq = empty_bf16(in.q.tokens, in.q.heads, in.q.dim);
     dk = empty_bf16(in.k.tokens, in.k.heads, in.k.dim);
     dv = empty_bf16(in.v.tokens, in.v.heads, in.v.dim);
     size_t bytes = 0;
     flamia_error err{};
-    if (flamia_backward_workspace_size(&q.desc, &k.desc, &v.desc, &docs, &bytes, &err) != FLAMIA_SUCCESS)
+    if ((hand_over == QkvHandOver::kSavedCodes ? flamia_backward_saved_workspace_size : flamia_backward_workspace_size)(
+            &q.desc, &k.desc, &v.desc, &docs, &bytes, &err) != FLAMIA_SUCCESS)
       throw std::runtime_error(err.message);
     backward_workspace = DeviceBuffer(bytes);
   }
 
   flamia_status launch_backward(cudaStream_t stream, flamia_error* err) {
+    if (hand_over == QkvHandOver::kSavedCodes) {
+      // Shapes only: flamia_backward_saved must not read q, k or v.
+      flamia_tensor qs = q.desc, ks = k.desc, vs = v.desc;
+      qs.data = ks.data = vs.data = nullptr;
+      return flamia_backward_saved(&qs, &ks, &vs, &o.desc, static_cast<const float*>(lse.get()), &dout.desc, &docs,
+                                   &options, saved_codes.get(), saved_codes.bytes(), &dq.desc, &dk.desc, &dv.desc,
+                                   backward_workspace.get(), backward_workspace.bytes(), stream, err);
+    }
     return flamia_backward(&q.desc, &k.desc, &v.desc, &o.desc, static_cast<const float*>(lse.get()), &dout.desc, &docs,
                            &options, &dq.desc, &dk.desc, &dv.desc, backward_workspace.get(),
                            backward_workspace.bytes(), stream, err);

@@ -165,6 +165,48 @@ TEST(Backward, IsBitwiseRepeatableAndATrainingCallReplaysFromACudaGraph) {
   cudaStreamDestroy(stream);
 }
 
+// The training pair (flamia_forward_train keeps q, k and v's codes, flamia_backward_saved reads them
+// and not q, k, v) gives bitwise the outputs and gradients of flamia_forward + flamia_backward, for
+// both geometries, prefix isolation and GQA, and a captured training call replays identically.
+TEST(Backward, SavedCodesGiveBitwiseTheSameOutputsAndGradients) {
+  FLAMIA_REQUIRE_GPU();
+  const auto in = analysis::random_inputs({kAwkwardLengths, 8, 2, 128}, 11);
+  for (int config : {0, 1, 3}) {  // block32, token, prefix
+    const NumericsOptions opt = analysis::default_numerics_configs()[config];
+    TrainingCall plain(in, opt, true);
+    TrainingCall saved(in, opt, true, QkvHandOver::kSavedCodes);
+    const auto want = plain.run_training(), got = saved.run_training();
+    EXPECT_TRUE(same_bits(want.forward.o, got.forward.o)) << config;
+    EXPECT_EQ(want.forward.lse.data, got.forward.lse.data) << config;
+    EXPECT_TRUE(same_bits(*want.forward.dq, *got.forward.dq)) << config;
+    EXPECT_TRUE(same_bits(want.dk, got.dk)) << config;
+    EXPECT_TRUE(same_bits(want.dv, got.dv)) << config;
+    if (config != 0) continue;
+
+    cudaStream_t stream;
+    FLAMIA_CUDA_CHECK(cudaStreamCreate(&stream));
+    for (DeviceTensor* t : {&saved.o, &saved.dq, &saved.dk, &saved.dv})
+      FLAMIA_CUDA_CHECK(cudaMemset(t->buffer.get(), 0xFF, t->buffer.bytes()));
+    FLAMIA_CUDA_CHECK(cudaMemset(saved.saved_codes.get(), 0xFF, saved.saved_codes.bytes()));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    flamia_error err{};
+    FLAMIA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    ASSERT_EQ(saved.launch_training(stream, &err), FLAMIA_SUCCESS) << err.message;
+    FLAMIA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    FLAMIA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 2; ++rep) FLAMIA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    FLAMIA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    EXPECT_TRUE(same_bits(want.forward.o, download_bf16(saved.o)));
+    EXPECT_TRUE(same_bits(*want.forward.dq, download_bf16(saved.dq)));
+    EXPECT_TRUE(same_bits(want.dk, download_bf16(saved.dk)));
+    EXPECT_TRUE(same_bits(want.dv, download_bf16(saved.dv)));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
 TEST(Backward, NonFiniteGradientStaysInsideItsDocument) {
   FLAMIA_REQUIRE_GPU();
   auto in = analysis::random_inputs({{200, 100}, 4, 4, 64}, 9);

@@ -58,3 +58,21 @@ def test_size_query_names_a_bad_shape():
     with pytest.raises(_capi.FlamiaError) as info:
         _capi.forward_workspace_size(q, bad, bad, docs(1))
     assert "k.heads" in info.value.message
+
+
+def test_training_pair_sizes():
+    # The saved codes hold q, k and v in both layouts and their scales; the training pair's
+    # workspaces drop exactly the q, k, v regions of the others (up to 256-byte rounding).
+    d = docs(5)
+    saved = _capi.saved_codes_size(*shapes(), d)
+    fwd, fwd_train = _capi.forward_workspace_size(*shapes(), d), _capi.forward_train_workspace_size(*shapes(), d)
+    bwd, bwd_saved = _capi.backward_workspace_size(*shapes(), d), _capi.backward_saved_workspace_size(*shapes(), d)
+    slots = STEP * ((T + STEP - 1) // STEP + 5)
+    codes = T * D * (HQ + 2 * HKV) + (HQ + 2 * HKV) * D * slots + T * (HQ + 2 * HKV)
+    assert codes <= saved <= codes + 256 * 9
+    assert fwd_train == -(-T * HKV // 256) * 256  # V's running scale max alone
+    assert fwd_train < fwd and bwd_saved < bwd
+    assert bwd - bwd_saved + HKV * D * slots <= saved <= bwd - bwd_saved + HKV * D * slots + 256 * 9
+    with pytest.raises(_capi.FlamiaError) as info:
+        _capi.saved_codes_size(*shapes(), docs(0))
+    assert "docs.num_docs" in info.value.message
