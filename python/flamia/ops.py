@@ -138,6 +138,30 @@ def _c_documents(cu_seqlens, max_seqlen):
     return _capi.Documents(cu_seqlens.data_ptr(), None, cu_seqlens.shape[0] - 1, max_seqlen)
 
 
+def _run_forward(q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry, scale_rule,
+                 workspace_kind, launch):
+    """What both forward ops share: checks, kernel layouts, o and lse, the C options and documents,
+    the workspace; launch(q, k, v, docs, options, o, lse, workspace, nbytes, stream) calls the C API.
+    Returns (o, lse)."""
+    _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
+    tokens, q_heads, dim = q.shape
+    q, k, v = _kernel_layout(q), _kernel_layout(k), _kernel_layout(v)
+    if cu_seqlens.stride(0) != 1:
+        cu_seqlens = cu_seqlens.contiguous()
+
+    o = torch.empty((tokens, q_heads, dim), dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty((q_heads, tokens), dtype=torch.float32, device=q.device)
+    options = _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule)
+    docs = _c_documents(cu_seqlens, max_seqlen)
+    with torch.cuda.device(q.device):
+        nbytes = _buffer_bytes(workspace_kind, tokens, q_heads, k.shape[1], dim, docs.num_docs)
+        # The caching allocator returns 512-byte aligned blocks (the C API needs 256).
+        workspace = torch.empty((nbytes,), dtype=torch.uint8, device=q.device)
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        launch(q, k, v, docs, options, o, lse, workspace, nbytes, stream)
+    return o, lse
+
+
 @torch.library.custom_op("flamia::attention_forward", mutates_args=())
 def attention_forward(
     q: torch.Tensor,
@@ -152,27 +176,12 @@ def attention_forward(
     scale_rule: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP8 attention forward over packed documents: (o [T, Hq, D] bf16, lse [Hq, T] fp32)."""
-    _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
-    tokens, q_heads, dim = q.shape
-    kv_heads = k.shape[1]
-    q, k, v = _kernel_layout(q), _kernel_layout(k), _kernel_layout(v)
-    if cu_seqlens.stride(0) != 1:
-        cu_seqlens = cu_seqlens.contiguous()
-
-    o = torch.empty((tokens, q_heads, dim), dtype=torch.bfloat16, device=q.device)
-    lse = torch.empty((q_heads, tokens), dtype=torch.float32, device=q.device)
-
-    options = _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule)
-    docs = _c_documents(cu_seqlens, max_seqlen)
-
-    with torch.cuda.device(q.device):
-        nbytes = _buffer_bytes("forward", tokens, q_heads, kv_heads, dim, docs.num_docs)
-        # The caching allocator returns 512-byte aligned blocks (the C API needs 256).
-        workspace = torch.empty((nbytes,), dtype=torch.uint8, device=q.device)
-        stream = torch.cuda.current_stream(q.device).cuda_stream
+    def launch(q, k, v, docs, options, o, lse, workspace, nbytes, stream):
         _capi.forward(_descriptor(q), _descriptor(k), _descriptor(v), docs, options, _descriptor(o),
                       lse.data_ptr(), workspace.data_ptr(), nbytes, stream)
-    return o, lse
+
+    return _run_forward(q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry,
+                        scale_rule, "forward", launch)
 
 
 @attention_forward.register_fake
@@ -183,6 +192,36 @@ def _attention_forward_fake(q, k, v, cu_seqlens, max_seqlen, causal, softmax_sca
     o = q.new_empty((tokens, q_heads, dim), dtype=torch.bfloat16)
     lse = q.new_empty((q_heads, tokens), dtype=torch.float32)
     return o, lse
+
+
+def _run_backward(dout, o, lse, cu_seqlens, max_seqlen, kv_heads, causal, softmax_scale, isolation, scale_geometry,
+                  scale_rule, workspace_kind, launch):
+    """What both backward ops share: checks, kernel layouts, dq, dk and dv, the C options and
+    documents, the workspace; launch(o, lse, dout, docs, options, dq, dk, dv, workspace, nbytes,
+    stream) calls the C API. Returns (dq, dk, dv)."""
+    _check_tensor(dout, "dout", torch.bfloat16, 3)
+    _check_tensor(o, "o", torch.bfloat16, 3)
+    _check_tensor(lse, "lse", torch.float32, 2)
+    tokens, q_heads, dim = dout.shape
+    o, dout = _kernel_layout(o), _kernel_layout(dout)
+    if lse.shape != (q_heads, tokens):
+        raise ValueError(f"flamia.attention_backward: lse must have shape {(q_heads, tokens)}, got {tuple(lse.shape)}")
+    if not lse.is_contiguous():
+        lse = lse.contiguous()
+    if cu_seqlens.stride(0) != 1:
+        cu_seqlens = cu_seqlens.contiguous()
+
+    dq = torch.empty((tokens, q_heads, dim), dtype=torch.bfloat16, device=dout.device)
+    dk = torch.empty((tokens, kv_heads, dim), dtype=torch.bfloat16, device=dout.device)
+    dv = torch.empty((tokens, kv_heads, dim), dtype=torch.bfloat16, device=dout.device)
+    options = _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule)
+    docs = _c_documents(cu_seqlens, max_seqlen)
+    with torch.cuda.device(dout.device):
+        nbytes = _buffer_bytes(workspace_kind, tokens, q_heads, kv_heads, dim, docs.num_docs)
+        workspace = torch.empty((nbytes,), dtype=torch.uint8, device=dout.device)
+        stream = torch.cuda.current_stream(dout.device).cuda_stream
+        launch(o, lse, dout, docs, options, dq, dk, dv, workspace, nbytes, stream)
+    return dq, dk, dv
 
 
 @torch.library.custom_op("flamia::attention_backward", mutates_args=())
@@ -205,31 +244,17 @@ def attention_backward(
     gradient dout of o, given the forward's inputs and outputs (o, lse). Deterministic."""
     _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
     _check_tensor(dout, "dout", torch.bfloat16, 3)
-    _check_tensor(o, "o", torch.bfloat16, 3)
-    _check_tensor(lse, "lse", torch.float32, 2)
-    tokens, q_heads, dim = q.shape
-    kv_heads = k.shape[1]
-    q, k, v, o, dout = (_kernel_layout(t) for t in (q, k, v, o, dout))
-    if lse.shape != (q_heads, tokens):
-        raise ValueError(f"flamia.attention_backward: lse must have shape {(q_heads, tokens)}, got {tuple(lse.shape)}")
-    if not lse.is_contiguous():
-        lse = lse.contiguous()
-    if cu_seqlens.stride(0) != 1:
-        cu_seqlens = cu_seqlens.contiguous()
+    if dout.shape != q.shape:
+        raise ValueError(f"flamia.attention_backward: dout must have q's shape {tuple(q.shape)}, got {tuple(dout.shape)}")
+    q, k, v = _kernel_layout(q), _kernel_layout(k), _kernel_layout(v)
 
-    dq = torch.empty((tokens, q_heads, dim), dtype=torch.bfloat16, device=q.device)
-    dk = torch.empty((tokens, kv_heads, dim), dtype=torch.bfloat16, device=q.device)
-    dv = torch.empty((tokens, kv_heads, dim), dtype=torch.bfloat16, device=q.device)
-    options = _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule)
-    docs = _c_documents(cu_seqlens, max_seqlen)
-    with torch.cuda.device(q.device):
-        nbytes = _buffer_bytes("backward", tokens, q_heads, kv_heads, dim, docs.num_docs)
-        workspace = torch.empty((nbytes,), dtype=torch.uint8, device=q.device)
-        stream = torch.cuda.current_stream(q.device).cuda_stream
+    def launch(o, lse, dout, docs, options, dq, dk, dv, workspace, nbytes, stream):
         _capi.backward(_descriptor(q), _descriptor(k), _descriptor(v), _descriptor(o), lse.data_ptr(),
                        _descriptor(dout), docs, options, _descriptor(dq), _descriptor(dk), _descriptor(dv),
                        workspace.data_ptr(), nbytes, stream)
-    return dq, dk, dv
+
+    return _run_backward(dout, o, lse, cu_seqlens, max_seqlen, k.shape[1], causal, softmax_scale, isolation,
+                         scale_geometry, scale_rule, "backward", launch)
 
 
 @attention_backward.register_fake
@@ -255,26 +280,18 @@ def attention_forward_train(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """attention_forward that also returns q, k and v's MXFP8 codes (a uint8 buffer, flamia_forward_train's
     saved codes) for attention_backward_saved: (o, lse, saved_codes)."""
-    _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
-    tokens, q_heads, dim = q.shape
-    kv_heads = k.shape[1]
-    q, k, v = _kernel_layout(q), _kernel_layout(k), _kernel_layout(v)
-    if cu_seqlens.stride(0) != 1:
-        cu_seqlens = cu_seqlens.contiguous()
+    saved = []
 
-    o = torch.empty((tokens, q_heads, dim), dtype=torch.bfloat16, device=q.device)
-    lse = torch.empty((q_heads, tokens), dtype=torch.float32, device=q.device)
-    options = _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule)
-    docs = _c_documents(cu_seqlens, max_seqlen)
-    with torch.cuda.device(q.device):
-        saved_bytes = _buffer_bytes("saved_codes", tokens, q_heads, kv_heads, dim, docs.num_docs)
-        nbytes = _buffer_bytes("forward_train", tokens, q_heads, kv_heads, dim, docs.num_docs)
-        saved = torch.empty((saved_bytes,), dtype=torch.uint8, device=q.device)
-        workspace = torch.empty((nbytes,), dtype=torch.uint8, device=q.device)
-        stream = torch.cuda.current_stream(q.device).cuda_stream
+    def launch(q, k, v, docs, options, o, lse, workspace, nbytes, stream):
+        tokens, q_heads, dim = q.shape
+        saved_bytes = _buffer_bytes("saved_codes", tokens, q_heads, k.shape[1], dim, docs.num_docs)
+        saved.append(torch.empty((saved_bytes,), dtype=torch.uint8, device=q.device))
         _capi.forward_train(_descriptor(q), _descriptor(k), _descriptor(v), docs, options, _descriptor(o),
-                            lse.data_ptr(), saved.data_ptr(), saved_bytes, workspace.data_ptr(), nbytes, stream)
-    return o, lse, saved
+                            lse.data_ptr(), saved[0].data_ptr(), saved_bytes, workspace.data_ptr(), nbytes, stream)
+
+    o, lse = _run_forward(q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry,
+                          scale_rule, "forward_train", launch)
+    return o, lse, saved[0]
 
 
 @attention_forward_train.register_fake
@@ -305,34 +322,20 @@ def attention_backward_saved(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """attention_backward from attention_forward_train's saved codes (q, k and v are not needed):
     bitwise the same (dq, dk, dv)."""
-    _check_tensor(dout, "dout", torch.bfloat16, 3)
-    _check_tensor(o, "o", torch.bfloat16, 3)
-    _check_tensor(lse, "lse", torch.float32, 2)
     _check_tensor(saved_codes, "saved_codes", torch.uint8, 1)
     _check_tensor(cu_seqlens, "cu_seqlens", torch.int32, 1)
-    tokens, q_heads, dim = dout.shape
-    o, dout = _kernel_layout(o), _kernel_layout(dout)
-    if lse.shape != (q_heads, tokens):
-        raise ValueError(f"flamia.attention_backward: lse must have shape {(q_heads, tokens)}, got {tuple(lse.shape)}")
-    if not lse.is_contiguous():
-        lse = lse.contiguous()
-    if cu_seqlens.stride(0) != 1:
-        cu_seqlens = cu_seqlens.contiguous()
+    _check_choice(isolation, "isolation", _capi.ISOLATION)
+    _check_choice(scale_geometry, "scale_geometry", _capi.SCALE_GEOMETRY)
+    _check_choice(scale_rule, "scale_rule", _capi.SCALE_RULE)
 
-    dq = torch.empty((tokens, q_heads, dim), dtype=torch.bfloat16, device=dout.device)
-    dk = torch.empty((tokens, kv_heads, dim), dtype=torch.bfloat16, device=dout.device)
-    dv = torch.empty((tokens, kv_heads, dim), dtype=torch.bfloat16, device=dout.device)
-    options = _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule)
-    docs = _c_documents(cu_seqlens, max_seqlen)
-    with torch.cuda.device(dout.device):
-        nbytes = _buffer_bytes("backward_saved", tokens, q_heads, kv_heads, dim, docs.num_docs)
-        workspace = torch.empty((nbytes,), dtype=torch.uint8, device=dout.device)
-        stream = torch.cuda.current_stream(dout.device).cuda_stream
-        q, k, v = _shape_descriptors(tokens, q_heads, kv_heads, dim)
+    def launch(o, lse, dout, docs, options, dq, dk, dv, workspace, nbytes, stream):
+        q, k, v = _shape_descriptors(*dout.shape[:2], kv_heads, dout.shape[2])  # shapes only
         _capi.backward_saved(q, k, v, _descriptor(o), lse.data_ptr(), _descriptor(dout), docs, options,
                              saved_codes.data_ptr(), saved_codes.numel(), _descriptor(dq), _descriptor(dk),
                              _descriptor(dv), workspace.data_ptr(), nbytes, stream)
-    return dq, dk, dv
+
+    return _run_backward(dout, o, lse, cu_seqlens, max_seqlen, kv_heads, causal, softmax_scale, isolation,
+                         scale_geometry, scale_rule, "backward_saved", launch)
 
 
 @attention_backward_saved.register_fake
