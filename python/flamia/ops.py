@@ -346,16 +346,23 @@ def _attention_backward_saved_fake(dout, saved_codes, o, lse, cu_seqlens, max_se
             dout.new_empty((tokens, kv_heads, dim)))
 
 
+def _defined_gradient(grad, output):
+    """grad, or zeros where autograd passes None (set_materialize_grads(False): o unused by the loss)."""
+    return torch.zeros_like(output) if grad is None else grad
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry, scale_rule = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, cu_seqlens)
     ctx.arguments = (max_seqlen, causal, softmax_scale, isolation, scale_geometry, scale_rule)
     ctx.mark_non_differentiable(lse)  # only o carries a gradient (attention() returns lse detached)
+    ctx.set_materialize_grads(False)  # no zero-filled gradient of lse
 
 
 def _backward(ctx, grad_o, grad_lse):
     q, k, v, o, lse, cu_seqlens = ctx.saved_tensors
+    grad_o = _defined_gradient(grad_o, o)
     dq, dk, dv = attention_backward(grad_o, q, k, v, o, lse, cu_seqlens, *ctx.arguments)
     return dq, dk, dv, None, None, None, None, None, None, None
 
@@ -369,10 +376,14 @@ def _setup_context_train(ctx, inputs, output):
     ctx.save_for_backward(saved, o, lse, cu_seqlens)  # not q, k, v: the codes replace them
     ctx.arguments = (max_seqlen, k.shape[1], causal, softmax_scale, isolation, scale_geometry, scale_rule)
     ctx.mark_non_differentiable(lse, saved)
+    # Without this, autograd fills a zero "gradient" of the saved codes (as large as q, k and v
+    # together) before every backward: 0.24 ms of a 4x16384 training call on the H200.
+    ctx.set_materialize_grads(False)
 
 
 def _backward_train(ctx, grad_o, grad_lse, grad_saved):
     saved, o, lse, cu_seqlens = ctx.saved_tensors
+    grad_o = _defined_gradient(grad_o, o)
     dq, dk, dv = attention_backward_saved(grad_o, saved, o, lse, cu_seqlens, *ctx.arguments)
     return dq, dk, dv, None, None, None, None, None, None, None
 
