@@ -65,6 +65,7 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   p.o_stride_token = o->stride_token;
   p.o_stride_head = o->stride_head;
   p.lse = lse;
+  p.work_counter = reinterpret_cast<int*>(region(ws.work_counter));
   static_cast<cuda::sm90::AttentionShape&>(p) = attention_shape(*q, *k, *docs, *options, numerics);
   cudaError_t err = static_cast<cudaError_t>(cuda::sm90::launch_forward(p, stream));
   if (err == cudaSuccess) err = cudaGetLastError();

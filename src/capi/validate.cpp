@@ -340,6 +340,7 @@ ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64
   w.k_scales = c.take_if(own, t * hkv);
   w.v_scales = c.take_if(own, t * hkv);
   w.v_fold_ref = c.take(t * hkv);
+  w.work_counter = c.take(sizeof(int32_t));
   w.total = c.total();
   return w;
 }

@@ -80,6 +80,7 @@ struct ForwardWorkspace {
   WorkspaceRegion k_scales;    // UE8M0 [T, Hkv]
   WorkspaceRegion v_scales;    // UE8M0 [T, Hkv]
   WorkspaceRegion v_fold_ref;  // UE8M0 [T, Hkv]: running max of V's scales within the document
+  WorkspaceRegion work_counter;  // int32: the persistent forward kernel's item counter
   size_t total = 0;            // a multiple of kWorkspaceAlignment
 };
 

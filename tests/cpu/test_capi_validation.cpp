@@ -447,12 +447,12 @@ TEST(CapiValidation, WorkspaceLayout) {
     EXPECT_EQ(w.total, again.total);
     EXPECT_EQ(w.total % kWorkspaceAlignment, 0u);
     EXPECT_EQ(w.q_codes_t.bytes + w.k_codes_t.bytes + w.v_codes.bytes, 0u) << "layouts the forward does not read";
-    const WorkspaceRegion regions[] = {w.q_codes,  w.k_codes,  w.v_codes_t, w.q_scales,
-                                       w.k_scales, w.v_scales, w.v_fold_ref};
+    const WorkspaceRegion regions[] = {w.q_codes,  w.k_codes,  w.v_codes_t,  w.q_scales,
+                                       w.k_scales, w.v_scales, w.v_fold_ref, w.work_counter};
     // V's transposed codes: every document padded to whole 32-token steps, plus a step each.
     const size_t vt = size_t(Hkv * D) * size_t(32 * ((T + 31) / 32 + docs));
     const size_t need[] = {size_t(T * Hq * D), size_t(T * Hkv * D), vt, size_t(T * Hq),
-                           size_t(T * Hkv),    size_t(T * Hkv),     size_t(T * Hkv)};
+                           size_t(T * Hkv),    size_t(T * Hkv),     size_t(T * Hkv), sizeof(int32_t)};
     size_t end = 0;
     for (size_t i = 0; i < std::size(regions); ++i) {
       EXPECT_EQ(regions[i].offset % kWorkspaceAlignment, 0u) << i;
@@ -652,6 +652,7 @@ TEST(CapiValidation, SavedCodesLayouts) {
     for (const WorkspaceRegion& r : {f.q_codes, f.k_codes, f.v_codes_t, f.q_scales, f.k_scales, f.v_scales})
       EXPECT_EQ(r.bytes, 0u);
     EXPECT_EQ(f.v_fold_ref.bytes, f_own.v_fold_ref.bytes);
+    EXPECT_EQ(f.work_counter.bytes, f_own.work_counter.bytes);
     EXPECT_LT(f.total, f_own.total);
     const BackwardWorkspace b = backward_workspace_layout(T, Hq, Hkv, D, docs, QkvCodes::kSaved);
     const BackwardWorkspace b_own = backward_workspace_layout(T, Hq, Hkv, D, docs);

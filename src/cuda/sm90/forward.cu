@@ -1,14 +1,17 @@
-// MXFP8 attention forward on Hopper: FP8 wgmma (m64nNk32 e4m3), warp-specialized. One CTA per
-// (document tile slot of 128 queries, query head), tile slots as in core/document_slots.h, of three
-// warpgroups:
-//   - warpgroup 0 is the producer: one warp loads the CTA's Q tile and then each key tile (K rows
-//     and V^T, written transposed and key-permuted by the quantizer) with TMA into a ring of
-//     kStages shared-memory stages, and the key tile's scale factors with ordinary loads;
+// MXFP8 attention forward on Hopper: FP8 wgmma (m64nNk32 e4m3), warp-specialized and persistent.
+// A work item is a (document tile slot of 128 queries, query head), tile slots as in
+// core/document_slots.h; one CTA per SM takes items in turn from a counter (launch.cuh's
+// launch_persistent). A CTA has three warpgroups:
+//   - warpgroup 0 is the producer: one warp finds each item's document, loads its Q tile (into one
+//     of two buffers, so the next item's Q lands while this one runs) with its rows' scale bytes,
+//     and then each key tile (K rows and V^T, written transposed and key-permuted by the quantizer)
+//     with TMA into a ring of kStages shared-memory stages that runs on across items, and the key
+//     tile's scale factors with ordinary loads;
 //   - warpgroups 1 and 2 are consumers, 64 query rows each, reading every stage in turn.
-// Stages pass between them through mbarriers (tma.cuh): "full" when the loads landed, "empty" when
-// both consumers are done. Each consumer overlaps its softmax with the tensor cores: in step i it
-// issues S_i = Q.K_i and O += P~_{i-1}.V_{i-1} together, and computes the softmax of S_i while
-// the second product runs (FA3's intra-warpgroup overlap). The consumers run unsynchronized;
+// Q tiles and stages pass between them through mbarriers (tma.cuh): "full" when the loads landed,
+// "empty" when both consumers are done. Each consumer overlaps its softmax with the tensor cores:
+// in step i it issues S_i = Q.K_i and O += P~_{i-1}.V_{i-1} together, and computes the softmax of
+// S_i while the second product runs (FA3's intra-warpgroup overlap). The consumers run unsynchronized;
 // making them take turns at issuing (FA3's ping-pong, named barriers) measured no different.
 // It implements the emulation's numerics as docs/NUMERICS.md states them.
 //
@@ -47,11 +50,14 @@ constexpr int kQueryRows = kConsumers * kWarpgroupRows;  // 128 queries per CTA
 constexpr int kKeyTile = tiling::kFwdKeyTile;        // 128 keys per online-softmax step
 constexpr int kKeyBlocks = kKeyTile / 8;             // n8 blocks of S per tile
 constexpr int kStages = 5;  // tile i's K and V, tile i-1's V (still in P.V), tiles i+1.. landing
+constexpr int kQueryBuffers = 2;  // item n's Q tile in buffer n % 2: item n + 1's loads while n runs
 static_assert(kQueryRows == tiling::kFwdQueryTile && tiling::kFwdKeyTile % kQueryRows == 0,
               "a CTA's rows are one forward query tile and share their diagonal key tile");
-// Registers per thread after the hand-over: 128 x 40 + 256 x 232 = 64512 of the SM's 65536.
+// Registers per thread after the hand-over: 128 x 40 + 256 x 232 = 64512, what the launch allocates
+// (168 x 384): an increase waits for registers that decreases gave back, so the two must balance.
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
-constexpr int kProducerLanes = 32;  // the producer warp: all of it arrives on "full"
+constexpr int kProducerLanes = 32;   // the producer warp: all of it arrives on "full"
+constexpr int kConsumerWarps = 4 * kConsumers;  // each arrives on "empty"
 
 // One key tile's operands; stages of the ring are 1024-byte aligned, as the 128-byte swizzle of
 // the TMA-written tiles requires.
@@ -63,12 +69,24 @@ struct alignas(1024) KeyTileStage {
   float v_pow[kKeyTile];     // 2^(ev_j - c): interior tiles' half of the V fold (see consume)
   uint8_t v_scale[kKeyTile];  // UE8M0 of V_j: masked tiles fold with its exponent
 };
+// One work item: what the producer finds and hands the consumers with the item's Q tile.
+struct CtaWork {
+  int doc, doc_begin, doc_end, len, q0, head, kvh;
+  int tiles;  // key tiles, from the diagonal one (tile 0 of the loop) down to the first; 0: no more
+  int c_exp;  // the V fold split exponent c (see consume)
+};
+struct QueryTileInfo {
+  CtaWork work;
+  uint8_t q_scale[kQueryRows];   // UE8M0 of each row's Q (past the document end: its first row's)
+  uint8_t fold_ref[kQueryRows];  // rho_i: V's running scale max at the row (not causal: at the end)
+};
 template <int D>
 struct SharedTiles {
-  alignas(1024) uint8_t q[kQueryRows * D];
+  alignas(1024) uint8_t q[kQueryBuffers][kQueryRows * D];
   KeyTileStage<D> stage[kStages];
-  StageRing<kStages> ring;
-  uint64_t q_full;
+  QueryTileInfo info[kQueryBuffers];
+  StageRing<kStages> ring;         // key tiles, use i = the CTA's i-th key tile over all its items
+  StageRing<kQueryBuffers> q_ring;  // Q tiles, use n = the CTA's n-th item
 };
 // The dynamic shared memory's base is only 16-byte aligned: the kernel rounds it up.
 template <int D>
@@ -83,12 +101,6 @@ struct ForwardArgs {
   CUtensorMap vt_map;  // V^T codes [Hkv * D, vt_pitch]: box kKeyTile x D
 };
 
-// What both the producer and the consumers know about the CTA's work.
-struct CtaWork {
-  int doc, doc_begin, doc_end, len, q0, kvh;
-  int tiles;  // key tiles, from the diagonal one (tile 0 of the loop) down to the first
-  int c_exp;  // the V fold split exponent c (see consume)
-};
 __device__ __forceinline__ int key_tile_start(const CtaWork& w, int i) { return (w.tiles - 1 - i) * kKeyTile; }
 
 // --- producer ----------------------------------------------------------------------------------
@@ -108,21 +120,17 @@ __device__ __forceinline__ void store_lane_scales(const TileScaleBytes& b, const
   }
 }
 
-// One warp: Q once, then per key tile i: wait until stage i % kStages is empty, TMA its K and V^T
-// codes (lane 0), store the per-key scale factors (lane = key mod 32; the bytes of tile i + 1 are
-// loaded meanwhile), then every lane arrives on "full". Keys past the document end load the next
-// document's codes, transposed slots the quantizer zeroed, or TMA's zeros past the tensor: finite
-// E4M3 codes (docs/KERNELS.md, "Loads") whose P is exactly 0, and columns of S that the masked
-// path drops.
+// An item's key tiles, the ring's uses key_uses.. on: per key tile i, wait until its stage is
+// empty, TMA its K and V^T codes (lane 0), store the per-key scale factors (lane = key mod 32; the
+// bytes of tile i + 1 are loaded meanwhile), then every lane arrives on "full". Keys past the
+// document end load the next document's codes, transposed slots the quantizer zeroed, or TMA's
+// zeros past the tensor: finite E4M3 codes (docs/KERNELS.md, "Loads") whose P is exactly 0, and
+// columns of S that the masked path drops.
 template <int D>
-__device__ __forceinline__ void produce(const ForwardArgs& args, const CtaWork& w, SharedTiles<D>& sm) {
+__device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const CtaWork& w, int key_uses,
+                                                  SharedTiles<D>& sm) {
   const ForwardParams& p = args.p;
-  const int lane = int(threadIdx.x) % 32, h = blockIdx.y;
-  if (lane == 0) {
-    barrier_expect_bytes(sm.q_full, kQueryRows * D);
-    tma_load_rows(args.q_map, sm.q, sm.q_full, h, w.doc_begin + w.q0);
-    barrier_arrive(sm.q_full);
-  }
+  const int lane = int(threadIdx.x) % 32;
   const int vt_doc_start = int(layout::transposed_document_start(w.doc_begin, w.doc));
   auto load_scales = [&](int i) {
     return load_lane_scale_bytes<kKeyTile>(p.k_scales, p.v_scales, p.kv_heads, w.kvh, w.doc_begin, w.len,
@@ -130,19 +138,91 @@ __device__ __forceinline__ void produce(const ForwardArgs& args, const CtaWork& 
   };
   TileScaleBytes next = load_scales(0);
   for (int i = 0; i < w.tiles; ++i) {
-    const int k0 = key_tile_start(w, i);
-    KeyTileStage<D>& st = sm.stage[sm.ring.stage(i)];
+    const int k0 = key_tile_start(w, i), use = key_uses + i;
+    KeyTileStage<D>& st = sm.stage[sm.ring.stage(use)];
     const TileScaleBytes bytes = next;
-    sm.ring.wait_empty(i);
+    sm.ring.wait_empty(use);
     if (lane == 0) {
-      uint64_t& full = sm.ring.full_barrier(i);
+      uint64_t& full = sm.ring.full_barrier(use);
       barrier_expect_bytes(full, 2 * kKeyTile * D);
       tma_load_rows(args.k_map, st.k, full, w.kvh, w.doc_begin + k0);
       tma_load_transposed(args.vt_map, st.vt, full, w.kvh, D, vt_doc_start + k0);
     }
     if (i + 1 < w.tiles) next = load_scales(i + 1);
     store_lane_scales(bytes, w, k0, lane, st);
-    sm.ring.arrive_full(i);
+    sm.ring.arrive_full(use);
+  }
+}
+
+// Work item `item` of the launch's slots x heads (head-major: items that follow each other share a
+// head's K and V), found by the whole producer warp; false for an idle slot.
+__device__ __forceinline__ bool find_work(const ForwardParams& p, int item, int tile_slots, CtaWork& w) {
+  DocumentTile tile;
+  if (!document_tile_warp(p.cu_seqlens, p.num_docs, p.total_tokens, kQueryRows, item % tile_slots, tile)) return false;
+  w.doc = tile.doc;
+  w.doc_begin = tile.span.begin;
+  w.doc_end = tile.span.end;
+  w.len = tile.span.len;
+  w.q0 = (tile.tiles - 1 - tile.tile) * kQueryRows;  // later (costlier, causal) tiles first
+  w.head = item / tile_slots;
+  w.kvh = w.head / (p.q_heads / p.kv_heads);
+  const int last_row = min(w.q0 + kQueryRows, w.len) - 1;
+  w.tiles = (p.causal ? last_row : w.len - 1) / kKeyTile + 1;
+  w.c_exp = scale_exponent(p.v_fold_ref[size_t(p.causal ? w.doc_begin + w.q0 : w.doc_end - 1) * p.kv_heads + w.kvh]);
+  return true;
+}
+
+// The scale bytes of an item's rows (lane = row mod 32), so that the consumers' start on an item
+// waits for no global load.
+__device__ __forceinline__ void store_row_bytes(const ForwardParams& p, const CtaWork& w, int lane,
+                                                QueryTileInfo& info) {
+#pragma unroll
+  for (int j = 0; j < kQueryRows / 32; ++j) {
+    const int row = j * 32 + lane;
+    const int tok = w.doc_begin + (w.q0 + row < w.len ? w.q0 + row : 0);
+    info.q_scale[row] = __ldg(p.q_scales + size_t(tok) * p.q_heads + w.head);
+    info.fold_ref[row] = __ldg(p.v_fold_ref + size_t(p.causal ? tok : w.doc_end - 1) * p.kv_heads + w.kvh);
+  }
+}
+
+// One warp, per work item n: find the item (the first from blockIdx.x, the next claimed from the
+// counter while this one's tiles stream; idle slots are skipped), wait until Q buffer n % 2
+// is empty, store the item and its row bytes, TMA its Q tile, arrive on the buffer's "full" (all
+// lanes); then its key tiles. No more items: an item of 0 tiles ends the consumers.
+template <int D>
+__device__ __forceinline__ void produce(const ForwardArgs& args, SharedTiles<D>& sm) {
+  const ForwardParams& p = args.p;
+  const int lane = int(threadIdx.x) % 32;
+  const int tile_slots = int(slots::slot_count(p.total_tokens, p.num_docs, kQueryRows));
+  const int items = tile_slots * p.q_heads;
+  auto claim_next = [&] { return __shfl_sync(0xffffffffu, lane == 0 ? next_work_item(p.work_counter) : 0, 0); };
+  int item = first_work_item(), key_uses = 0;
+  for (int n = 0;; ++n) {
+    CtaWork w;
+    while (item < items && !find_work(p, item, tile_slots, w)) item = claim_next();
+    sm.q_ring.wait_empty(n);
+    QueryTileInfo& info = sm.info[sm.q_ring.stage(n)];
+    if (item >= items) {
+      if (lane == 0) info.work.tiles = 0;
+      sm.q_ring.arrive_full(n);
+      return;
+    }
+    if (lane == 0) {
+      info.work = w;
+      uint64_t& full = sm.q_ring.full_barrier(n);
+      barrier_expect_bytes(full, kQueryRows * D);
+      tma_load_rows(args.q_map, sm.q[sm.q_ring.stage(n)], full, w.head, w.doc_begin + w.q0);
+    }
+    store_row_bytes(p, w, lane, info);
+    sm.q_ring.arrive_full(n);
+    // The next item's claim is in flight while this item's key tiles stream. (Claiming it only
+    // when the ring can hold the rest of this item, closer to the hardware's greedy order, measured
+    // slower on the H200: forward kernel +5% at 4x16384 and -28% at tiny-unaligned against main,
+    // where claiming here gave +3% and -29%.)
+    const int claimed = lane == 0 ? next_work_item(p.work_counter) : 0;
+    produce_key_tiles(args, w, key_uses, sm);
+    key_uses += w.tiles;
+    item = __shfl_sync(0xffffffffu, claimed, 0);
   }
 }
 
@@ -340,27 +420,27 @@ __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], 
 }
 
 // --- consumers ---------------------------------------------------------------------------------
-// A warpgroup of 64 query rows. Step i (0..tiles) issues S_i = Q.K_i (i < tiles) and
-// O += P~_{i-1}.V_{i-1} (i > 0) together, computes tile i's softmax while P.V runs, then, once
-// P.V is done, releases stage i-1, rescales O to the new running max and packs P~_i.
+// A warpgroup of 64 query rows of one item, whose key tiles are the ring's uses key_uses.. on.
+// Step i (0..tiles) issues S_i = Q.K_i (i < tiles) and O += P~_{i-1}.V_{i-1} (i > 0) together,
+// computes tile i's softmax while P.V runs, then, once P.V is done, releases stage i-1, rescales
+// O to the new running max and packs P~_i.
 template <int D>
-__device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& w, SharedTiles<D>& sm) {
+__device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& w, const QueryTileInfo& info,
+                                        const uint8_t* q_tile, int key_uses, SharedTiles<D>& sm) {
   const ForwardParams& p = args.p;
   const int consumer = int(threadIdx.x) / 128 - 1, warp = int(threadIdx.x) / 32 - 4;
-  const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4, h = blockIdx.y;
-  const int rows[2] = {w.q0 + warp * kRowsPerWarp + g, w.q0 + warp * kRowsPerWarp + g + 8};
+  const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4, h = w.head;
+  const int tile_rows[2] = {warp * kRowsPerWarp + g, warp * kRowsPerWarp + g + 8};  // of the CTA's 128
+  const int rows[2] = {w.q0 + tile_rows[0], w.q0 + tile_rows[1]};
   const bool row_valid[2] = {rows[0] < w.len, rows[1] < w.len};
   const float scale_log2e = p.softmax_scale * kLog2e;
 
   float q_factor[2];
   int fold_bias[2];  // boost - rho_i: the P operand is p * 2^(ev_j + fold_bias), never above 2^boost
   for (int r = 0; r < 2; ++r) {
-    const int tok = w.doc_begin + (row_valid[r] ? rows[r] : 0);
-    q_factor[r] = pow2_of_scale(p.q_scales[size_t(tok) * p.q_heads + h]) * scale_log2e;
+    q_factor[r] = pow2_of_scale(info.q_scale[tile_rows[r]]) * scale_log2e;
     // rho_i: the running max of V's exponents over visible keys (the whole document if not causal).
-    const int ref_tok = p.causal ? tok : w.doc_end - 1;
-    const uint8_t rho = p.v_fold_ref[size_t(ref_tok) * p.kv_heads + w.kvh];
-    const int rho_exp = scale_exponent(rho);
+    const int rho_exp = scale_exponent(info.fold_ref[tile_rows[r]]);
     fold_bias[r] = rho_exp == kNaNExponent ? kNaNExponent : p.p_boost_log2 - rho_exp;
   }
   // Interior tiles (every key visible to every row) split the V fold 2^(ev_j + fold_bias_i) into
@@ -379,7 +459,7 @@ __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float s[kKeyTile / 2];            // S_i, then tile i's P operand values
   uint32_t pa[kKeyTile / 32][4];    // P~_{i-1}, read by the P.V in flight
-  const uint8_t* q_rows = sm.q + consumer * kWarpgroupRows * D;
+  const uint8_t* q_rows = q_tile + consumer * kWarpgroupRows * D;
   constexpr SmemLayout kRowsLayout = kSwizzleFor<D>, kVtLayout = kSwizzleFor<kKeyTile>;
 
   // Tile i's softmax on S_i (waited for), leaving its P operand values in s and O's rescale
@@ -389,7 +469,7 @@ __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& 
     // A tile is interior when every key is visible to every row: inside the document and, causal,
     // at or before the CTA's first row. Only visible keys enter the running max, so it never
     // looks past a row.
-    const KeyTileStage<D>& st = sm.stage[sm.ring.stage(i)];
+    const KeyTileStage<D>& st = sm.stage[sm.ring.stage(key_uses + i)];
     const int k0 = key_tile_start(w, i);
     if (k0 + kKeyTile <= w.len && (!p.causal || k0 + kKeyTile - 1 <= w.q0)) {
       if (p.group_scales) interior_tile_grouped(s, st, q_factor, row_pow, m, l, alpha);
@@ -398,18 +478,17 @@ __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& 
       masked_tile(s, st, q_factor, fold_bias, k0, w.len, p.causal, rows, row_valid, t, m, l, alpha);
   };
   auto issue_s = [&](int i) {
-    rows_product<D, kKeyTile, kRowsLayout>(s, q_rows, sm.stage[sm.ring.stage(i)].k);
+    rows_product<D, kKeyTile, kRowsLayout>(s, q_rows, sm.stage[sm.ring.stage(key_uses + i)].k);
     wgmma_commit();
   };
   auto issue_pv = [&](int i) {
-    register_product<D, kKeyTile, kVtLayout>(o_acc, pa, sm.stage[sm.ring.stage(i)].vt);
+    register_product<D, kKeyTile, kVtLayout>(o_acc, pa, sm.stage[sm.ring.stage(key_uses + i)].vt);
     wgmma_commit();
   };
   // Every step's wgmma sequence is straight-line code (no branch between issue and wait), or the
   // compiler serializes the products.
-  barrier_wait(sm.q_full, 0);
   {  // step 0: S_0 alone
-    sm.ring.wait_full(0);
+    sm.ring.wait_full(key_uses);
     wgmma_fence();
     issue_s(0);
     wgmma_wait<0>();
@@ -418,7 +497,7 @@ __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& 
     pack_a_operand<kKeyTile>(s, pa);
   }
   for (int i = 1; i < w.tiles; ++i) {
-    sm.ring.wait_full(i);
+    sm.ring.wait_full(key_uses + i);
     wgmma_fence();
     issue_s(i);
     issue_pv(i - 1);
@@ -427,7 +506,7 @@ __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& 
     softmax(i, alpha);
     wgmma_wait<0>();
     fence_accumulators(o_acc);
-    if (lane == 0) sm.ring.arrive_empty(i - 1);  // this warp is done with tile i-1
+    if (lane == 0) sm.ring.arrive_empty(key_uses + i - 1);  // this warp is done with tile i-1
     rescale_output(o_acc, alpha);
     pack_a_operand<kKeyTile>(s, pa);
   }
@@ -436,6 +515,7 @@ __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& 
     issue_pv(w.tiles - 1);
     wgmma_wait<0>();
     fence_accumulators(o_acc);
+    if (lane == 0) sm.ring.arrive_empty(key_uses + w.tiles - 1);  // the ring runs on into the next item
   }
 
   // Finish: full row sums across the 4 lanes of a row, then O and LSE.
@@ -454,6 +534,22 @@ __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& 
   }
 }
 
+// A consumer warpgroup over the CTA's items: wait for item n's Q tile (its buffer's "full"), take
+// the item, run it, release the buffer (each warp); an item of 0 tiles means no more.
+template <int D>
+__device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTiles<D>& sm) {
+  int key_uses = 0;
+  for (int n = 0;; ++n) {
+    sm.q_ring.wait_full(n);
+    const QueryTileInfo& info = sm.info[sm.q_ring.stage(n)];
+    const CtaWork w = info.work;
+    if (w.tiles == 0) return;
+    consume(args, w, info, sm.q[sm.q_ring.stage(n)], key_uses, sm);
+    if (threadIdx.x % 32 == 0) sm.q_ring.arrive_empty(n);
+    key_uses += w.tiles;
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ ForwardArgs args) {
   // The skeleton of tma.cuh's aligned_shared_storage and run_roles, written out: through those
@@ -461,33 +557,19 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   // slower on the H200 at 4x16384 and 16x4096 (two rounds in each of two runs, session 12).
   extern __shared__ uint8_t smem_raw[];
   SharedTiles<D>& sm = *reinterpret_cast<SharedTiles<D>*>(smem_raw + ((1024 - smem_address(smem_raw) % 1024) % 1024));
-  const ForwardParams& p = args.p;
-
-  DocumentTile tile;
-  if (!document_tile(p.cu_seqlens, p.num_docs, p.total_tokens, kQueryRows, blockIdx.x, tile)) return;
-  CtaWork w;
-  w.doc = tile.doc;
-  w.doc_begin = tile.span.begin;
-  w.doc_end = tile.span.end;
-  w.len = tile.span.len;
-  w.q0 = (tile.tiles - 1 - tile.tile) * kQueryRows;  // later (costlier, causal) tiles launch first
-  w.kvh = int(blockIdx.y) / (p.q_heads / p.kv_heads);
-  const int last_row = min(w.q0 + kQueryRows, w.len) - 1;
-  w.tiles = (p.causal ? last_row : w.len - 1) / kKeyTile + 1;
-  w.c_exp = scale_exponent(p.v_fold_ref[size_t(p.causal ? w.doc_begin + w.q0 : w.doc_end - 1) * p.kv_heads + w.kvh]);
 
   if (threadIdx.x == 0) {
-    sm.ring.init(kProducerLanes, 4 * kConsumers);  // consumers: one arrival per warp
-    barrier_init(sm.q_full, 1);
+    sm.ring.init(kProducerLanes, kConsumerWarps);
+    sm.q_ring.init(kProducerLanes, kConsumerWarps);
     barrier_init_fence();
   }
   __syncthreads();
   if (threadIdx.x < 128) {
     release_registers<kProducerRegisters>();
-    if (threadIdx.x < 32) produce(args, w, sm);
+    if (threadIdx.x < 32) produce(args, sm);
   } else {
     claim_registers<kConsumerRegisters>();
-    consume(args, w, sm);
+    consume_items(args, sm);
   }
 }
 
@@ -502,8 +584,9 @@ int launch_forward(const ForwardParams& p, void* stream) {
     if (e == cudaSuccess) e = rows_form_map(args.k_map, p.k_codes, p.total_tokens, p.kv_heads, D, kKeyTile);
     if (e == cudaSuccess) e = transposed_form_map(args.vt_map, p.v_codes_t, p.vt_pitch, p.kv_heads, D, kKeyTile);
     if (e != cudaSuccess) return e;
-    return launch_over_tile_slots(forward_kernel<D>, args, kSharedBytes<D>, kThreads, p.total_tokens, p.num_docs,
-                                  kQueryRows, p.q_heads, static_cast<cudaStream_t>(stream));
+    const int64_t items = slots::slot_count(p.total_tokens, p.num_docs, kQueryRows) * p.q_heads;
+    return launch_persistent(forward_kernel<D>, args, kSharedBytes<D>, kThreads, items, p.work_counter,
+                             static_cast<cudaStream_t>(stream));
   });
 }
 

@@ -22,6 +22,7 @@ struct ForwardParams : AttentionShape {
   void* o;                    // BF16 [T, Hq, D] with the strides below (elements)
   int64_t o_stride_token, o_stride_head;
   float* lse;  // [Hq, T], natural log
+  int* work_counter;  // the persistent kernel's item counter (launch.cuh; zeroed by the launch)
 };
 
 // Returns the cudaError_t of the launch as an int (0 = success). head_dim must be 64 or 128.

@@ -1,6 +1,7 @@
 // Launching the Hopper attention kernels: one template instance per head dim, over a grid of
-// document tile slots (core/document_slots.h) x heads, with more dynamic shared memory than the
-// 48 KiB default (cudaFuncSetAttribute is legal during stream capture, so graphs still work).
+// document tile slots (core/document_slots.h) x heads or persistent (one CTA per SM), with more
+// dynamic shared memory than the 48 KiB default (cudaFuncSetAttribute and the device queries are
+// legal during stream capture, so graphs still work).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,6 +23,31 @@ cudaError_t launch_over_tile_slots(void (*kernel)(Args), const Args& args, size_
   kernel<<<grid, threads, smem_bytes, stream>>>(args);
   return cudaGetLastError();
 }
+
+// Persistent kernels: one CTA per SM (at most one per work item; the kernels need an SM each),
+// taking work items 0 .. items - 1 in order from a counter in global memory: a CTA's first item is
+// blockIdx.x, each next one gridDim.x + atomicAdd(counter, 1) (first_work_item, next_work_item), so
+// a CTA that finishes early takes more, as the hardware hands out the CTAs of a grid of items, but
+// each CTA pays its start-up once and loads its next item while it finishes the last. (A kernel
+// written this way also runs as an ordinary grid of one CTA per item: its first claim ends it.)
+// The counter is zeroed on the stream before the launch (graph capture records a memset node).
+template <class Args>
+cudaError_t launch_persistent(void (*kernel)(Args), const Args& args, size_t smem_bytes, int threads, int64_t items,
+                              int* counter, cudaStream_t stream) {
+  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes));
+      e != cudaSuccess)
+    return e;
+  int device = 0, sms = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
+    return e;
+  if (const cudaError_t e = cudaMemsetAsync(counter, 0, sizeof(int), stream); e != cudaSuccess) return e;
+  const int64_t ctas = items < sms ? items : sms;
+  kernel<<<dim3(unsigned(ctas > 0 ? ctas : 1)), threads, smem_bytes, stream>>>(args);
+  return cudaGetLastError();
+}
+__device__ __forceinline__ int first_work_item() { return int(blockIdx.x); }
+__device__ __forceinline__ int next_work_item(int* counter) { return int(gridDim.x) + atomicAdd(counter, 1); }
 
 // launch(std::integral_constant<int, D>) for the head dims the kernels are built for (64, 128);
 // cudaErrorInvalidValue for any other. Returns the cudaError_t as an int, as the launchers do.
