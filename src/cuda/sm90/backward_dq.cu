@@ -225,8 +225,8 @@ template <int D>
 __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, DqShared<D>& sm) {
   const BackwardParams& p = args.p;
   const DocumentSpan& d = w.d;
-  const int consumer = int(threadIdx.x) / 128 - 1, warp = int(threadIdx.x) / 32 - 4;
-  const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4, h = blockIdx.y;
+  const auto [consumer, warp, lane, g, t] = consumer_thread();
+  const int h = blockIdx.y;
   const int rows[2] = {w.q0 + warp * 16 + g, w.q0 + warp * 16 + g + 8};
   const float scale_log2e = p.softmax_scale * kLog2e;
   DqRows rw;

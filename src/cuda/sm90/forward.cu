@@ -428,8 +428,8 @@ template <int D>
 __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& w, const QueryTileInfo& info,
                                         const uint8_t* q_tile, int key_uses, SharedTiles<D>& sm) {
   const ForwardParams& p = args.p;
-  const int consumer = int(threadIdx.x) / 128 - 1, warp = int(threadIdx.x) / 32 - 4;
-  const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4, h = w.head;
+  const auto [consumer, warp, lane, g, t] = consumer_thread();
+  const int h = w.head;
   const int tile_rows[2] = {warp * kRowsPerWarp + g, warp * kRowsPerWarp + g + 8};  // of the CTA's 128
   const int rows[2] = {w.q0 + tile_rows[0], w.q0 + tile_rows[1]};
   const bool row_valid[2] = {rows[0] < w.len, rows[1] < w.len};

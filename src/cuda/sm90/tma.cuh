@@ -140,4 +140,16 @@ __device__ __forceinline__ void run_roles(Init init, Produce produce, Consume co
   }
 }
 
+// Where a consumer thread sits in run_roles' layout (warpgroup 0 produces, the consumers are the
+// warpgroups after it): its consumer warpgroup (0, 1, ..), its warp among all consumer warps, its
+// lane, and its place in an m64nN accumulator fragment (rows g and g + 8 of its warp's 16, column
+// pair t of each n8 block).
+struct ConsumerThread {
+  int consumer, warp, lane, g, t;
+};
+__device__ __forceinline__ ConsumerThread consumer_thread() {
+  const int lane = int(threadIdx.x) % 32;
+  return {int(threadIdx.x) / 128 - 1, int(threadIdx.x) / 32 - 4, lane, lane / 4, lane % 4};
+}
+
 }  // namespace flamia::cuda::sm90
