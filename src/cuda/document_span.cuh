@@ -26,6 +26,11 @@ struct DocumentTile {
   int doc, tile, tiles;
 };
 
+// The first slot of document d, from its clamped start (core/document_slots.h).
+__device__ __forceinline__ int64_t clamped_first_slot(const int32_t* cu_seqlens, int d, int total_tokens, int unit) {
+  return slots::first_slot(min(max(__ldg(cu_seqlens + d), 0), total_tokens), d, unit);
+}
+
 // Slot `slot` as a tile of document `doc` (whose first slot is at or before it), or false when it
 // lies past the document's tiles.
 __device__ __forceinline__ bool tile_of_document(const int32_t* cu_seqlens, int doc, int total_tokens, int unit,
@@ -44,9 +49,7 @@ __device__ __forceinline__ bool tile_of_document(const int32_t* cu_seqlens, int 
 // still a tile inside a clamped document).
 __device__ __forceinline__ bool document_tile(const int32_t* cu_seqlens, int num_docs, int total_tokens, int unit,
                                               int64_t slot, DocumentTile& out) {
-  auto first_slot = [&](int d) {
-    return slots::first_slot(min(max(__ldg(cu_seqlens + d), 0), total_tokens), d, unit);
-  };
+  auto first_slot = [&](int d) { return clamped_first_slot(cu_seqlens, d, total_tokens, unit); };
   int lo = 0, hi = num_docs - 1;
   while (lo < hi) {
     const int mid = lo + (hi - lo + 1) / 2;
@@ -62,9 +65,7 @@ __device__ __forceinline__ bool document_tile(const int32_t* cu_seqlens, int num
 // this way while the consumers wait).
 __device__ __forceinline__ bool document_tile_warp(const int32_t* cu_seqlens, int num_docs, int total_tokens, int unit,
                                                    int64_t slot, DocumentTile& out) {
-  auto first_slot = [&](int d) {
-    return slots::first_slot(min(max(__ldg(cu_seqlens + d), 0), total_tokens), d, unit);
-  };
+  auto first_slot = [&](int d) { return clamped_first_slot(cu_seqlens, d, total_tokens, unit); };
   const int lane = int(threadIdx.x) % 32;
   int lo = 0, hi = num_docs - 1;  // the answer lies in [lo, hi]
   while (lo < hi) {

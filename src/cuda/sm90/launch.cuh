@@ -12,13 +12,17 @@
 
 namespace flamia::cuda::sm90 {
 
+// Lets `kernel` take smem_bytes of dynamic shared memory (above the 48 KiB default).
+template <class Args>
+cudaError_t allow_shared_memory(void (*kernel)(Args), size_t smem_bytes) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes));
+}
+
 // The grid: slots::slot_count(total_tokens, num_docs, tile_tokens) x heads.
 template <class Args>
 cudaError_t launch_over_tile_slots(void (*kernel)(Args), const Args& args, size_t smem_bytes, int threads,
                                    int total_tokens, int num_docs, int tile_tokens, int heads, cudaStream_t stream) {
-  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes));
-      e != cudaSuccess)
-    return e;
+  if (const cudaError_t e = allow_shared_memory(kernel, smem_bytes); e != cudaSuccess) return e;
   const dim3 grid(unsigned(slots::slot_count(total_tokens, num_docs, tile_tokens)), unsigned(heads));
   kernel<<<grid, threads, smem_bytes, stream>>>(args);
   return cudaGetLastError();
@@ -34,9 +38,7 @@ cudaError_t launch_over_tile_slots(void (*kernel)(Args), const Args& args, size_
 template <class Args>
 cudaError_t launch_persistent(void (*kernel)(Args), const Args& args, size_t smem_bytes, int threads, int64_t items,
                               int* counter, cudaStream_t stream) {
-  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes));
-      e != cudaSuccess)
-    return e;
+  if (const cudaError_t e = allow_shared_memory(kernel, smem_bytes); e != cudaSuccess) return e;
   int device = 0, sms = 0;
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
