@@ -73,6 +73,7 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   p.o = o->data, p.o_stride_token = o->stride_token, p.o_stride_head = o->stride_head;
   p.lse = lse;
   p.delta = reinterpret_cast<float*>(region(ws.delta));
+  p.work_counter = reinterpret_cast<int*>(region(ws.work_counter));
   p.dq = dq->data, p.dq_stride_token = dq->stride_token, p.dq_stride_head = dq->stride_head;
   p.dk = dk->data, p.dk_stride_token = dk->stride_token, p.dk_stride_head = dk->stride_head;
   p.dv = dv->data, p.dv_stride_token = dv->stride_token, p.dv_stride_head = dv->stride_head;

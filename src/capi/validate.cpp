@@ -383,6 +383,7 @@ BackwardWorkspace backward_workspace_layout(int64_t tokens, int64_t q_heads, int
   w.g_scales = c.take(t * hq);
   w.g_scale_prefix_max = c.take(t * hq);
   w.delta = c.take(t * hq * sizeof(float));
+  w.work_counter = c.take(sizeof(int32_t));
   w.total = c.total();
   return w;
 }

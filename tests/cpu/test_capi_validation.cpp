@@ -590,11 +590,11 @@ TEST(CapiValidation, BackwardWorkspaceLayout) {
     const size_t slots = size_t(32 * ((T + 31) / 32 + docs));
     const WorkspaceRegion regions[] = {w.q_codes,  w.k_codes,   w.v_codes,   w.g_codes,  w.q_codes_t,
                                        w.k_codes_t, w.g_codes_t, w.q_scales,  w.k_scales, w.v_scales,
-                                       w.g_scales, w.g_scale_prefix_max, w.delta};
+                                       w.g_scales, w.g_scale_prefix_max, w.delta, w.work_counter};
     const size_t need[] = {size_t(T * Hq * D), size_t(T * Hkv * D), size_t(T * Hkv * D), size_t(T * Hq * D),
                            size_t(Hq * D) * slots, size_t(Hkv * D) * slots, size_t(Hq * D) * slots,
                            size_t(T * Hq),     size_t(T * Hkv),     size_t(T * Hkv),     size_t(T * Hq),
-                           size_t(T * Hq),     size_t(T * Hq) * sizeof(float)};
+                           size_t(T * Hq),     size_t(T * Hq) * sizeof(float), sizeof(int32_t)};
     size_t end = 0;
     for (size_t i = 0; i < std::size(regions); ++i) {
       EXPECT_EQ(regions[i].offset % kWorkspaceAlignment, 0u) << i;
@@ -659,9 +659,10 @@ TEST(CapiValidation, SavedCodesLayouts) {
     for (const WorkspaceRegion& r : {b.q_codes, b.k_codes, b.v_codes, b.q_codes_t, b.k_codes_t, b.q_scales,
                                      b.k_scales, b.v_scales})
       EXPECT_EQ(r.bytes, 0u);
-    const WorkspaceRegion kept[] = {b.g_codes, b.g_codes_t, b.g_scales, b.g_scale_prefix_max, b.delta};
+    const WorkspaceRegion kept[] = {b.g_codes, b.g_codes_t, b.g_scales, b.g_scale_prefix_max, b.delta,
+                                    b.work_counter};
     const WorkspaceRegion kept_own[] = {b_own.g_codes, b_own.g_codes_t, b_own.g_scales, b_own.g_scale_prefix_max,
-                                        b_own.delta};
+                                        b_own.delta,   b_own.work_counter};
     end = 0;
     for (size_t i = 0; i < std::size(kept); ++i) {
       EXPECT_EQ(kept[i].bytes, kept_own[i].bytes) << i;

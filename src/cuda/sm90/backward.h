@@ -4,8 +4,8 @@
 //  1. prep:  D_i = 2^eg_i sum_f cg_if O_if per (token, query head), from dO's codes and the saved O;
 //  2. dK dV: one CTA per (document, 128-key block, KV head) owns its keys' dK and dV and walks the
 //            query heads of its group and the 64-query tiles that see its keys;
-//  3. dQ:    one CTA per (document, 128-query tile, query head) owns its rows' dQ and walks the
-//            128-key tiles its rows see.
+//  3. dQ:    a work item (document, 128-query tile, query head) owns its rows' dQ and walks the
+//            128-key tiles its rows see (persistent: one CTA per SM takes items in turn).
 // Both main passes rebuild S and P from the forward's codes and LSE. Every output element has one
 // owner that sums in a fixed order, so the backward is deterministic (no atomics) and a row's dQ
 // is computed from that row's visible keys alone.
@@ -33,6 +33,7 @@ struct BackwardParams : AttentionShape {
   float* delta;      // [Hq, T]: D_i, written by the prep pass
   void *dq, *dk, *dv;  // BF16 outputs [T, Hq, D], [T, Hkv, D], [T, Hkv, D] with the strides below
   int64_t dq_stride_token, dq_stride_head, dk_stride_token, dk_stride_head, dv_stride_token, dv_stride_head;
+  int* work_counter;  // the persistent dQ kernel's item counter (launch.cuh; zeroed by the launch)
 };
 
 // Each returns the cudaError_t of its launch as an int (0 = success); head_dim must be 64 or 128.

@@ -1,16 +1,18 @@
-// Backward pass 3: dQ. One CTA per (document tile slot of 128 queries, query head) owns those rows'
+// Backward pass 3: dQ. A work item (document tile slot of 128 queries, query head) owns those rows'
 // dQ and walks the 128-key tiles (counted from the document start, tiling::kBwdKeyTile) that its
-// rows see. Per key tile:
+// rows see; persistent like the forward (one CTA per SM takes items in turn, work_items.cuh). Per
+// key tile:
 //   S = Q codes . K codes^T,  p_ij = 2^(S_ij 2^(eq_i + ek_j) scale log2(e) - LSE_i log2(e))
 //   E = dO codes . V codes^T, E_ij = E_ij 2^(eg_i + ev_j),  U_ij = p_ij (E_ij - D_i)
 //   dQ_i += 2^sigma_i sum_j E4M3(U_ij 2^(ek_j - sigma_i)) ck_j,  sigma_i: ceil scale of max_j |U_ij 2^ek_j|
 // one sigma per (row, key tile), as the emulation defines it; dQ is scaled by the softmax scale at
 // the end. A row reads only its visible keys, and its sum runs in a fixed order: dQ_i is
 // deterministic and, in prefix mode, independent of everything after i.
-// Warp-specialized like the forward (forward.cu, tma.cuh): warpgroup 0's producer warp loads the
-// CTA's Q and dO rows once and each key tile's K rows, V rows and K^T (the quantizer's transposed
-// layout) by TMA into a ring of stages, with the keys' scale factors; warpgroups 1 and 2 (64 rows
-// each) compute, each at its own pace.
+// Warp-specialized like the forward (forward.cu, tma.cuh): warpgroup 0's producer warp loads each
+// item's Q and dO rows (two row buffers: the next item's land while this one runs) with their
+// per-row constants, and each key tile's K rows, V rows and K^T (the quantizer's transposed layout)
+// by TMA into a ring of stages that runs on across items, with the keys' scale factors; warpgroups
+// 1 and 2 (64 rows each) compute, each at its own pace.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -27,6 +29,7 @@
 #include "cuda/sm90/tensor_map.h"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
+#include "cuda/sm90/work_items.cuh"
 #include "formats/scales.h"
 
 namespace flamia::cuda::sm90 {
@@ -38,12 +41,14 @@ constexpr int kWarpgroupRows = 64;             // the m64 of every product
 constexpr int kQueryRows = kWarpgroupRows * kConsumers;  // rows per CTA
 constexpr int kKeyTile = tiling::kBwdKeyTile;  // keys per step: sigma's group
 constexpr int kStages = 3;
+constexpr int kRowBuffers = 2;  // item n's Q and dO rows in buffer n % 2
 static_assert(kKeyTile == 128, "S is one m64n128 product per k-step");
 static_assert(kKeyTile % kQueryRows == 0, "a CTA's rows share their diagonal key tile");
 // Registers per thread after the hand-over: 128 x 24 + 256 x 240 = 64512 of the SM's 65536 (the
 // consumers hold S, E and dQ: 232 spilled).
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 constexpr int kProducerLanes = 32;
+constexpr int kConsumerWarps = 4 * kConsumers;
 
 // One key tile's codes and scales (1024-byte aligned for the 128-byte swizzle).
 template <int D>
@@ -54,13 +59,26 @@ struct alignas(1024) DqKeyStage {
   float k_pow[kKeyTile];     // 2^ek_j
   float v_pow[kKeyTile];     // 2^ev_j
 };
+// One work item, what the producer finds and hands the consumers with its rows.
+struct DqWork {
+  DocumentSpan d;
+  int doc, q0, head, kvh;
+  int tiles;  // key tiles 0 .. tiles-1, from the document start; 0: no more items
+};
+// An item with the per-row constants of its 128 rows (rows past the document end: its last row's).
+struct DqRowInfo {
+  DqWork work;
+  uint8_t q_scale[kQueryRows], g_scale[kQueryRows];
+  float lse[kQueryRows], delta[kQueryRows];
+};
 template <int D>
 struct DqShared {
-  alignas(1024) uint8_t q[kQueryRows * D];  // rows form (A of S)
-  alignas(1024) uint8_t g[kQueryRows * D];  // rows form (A of E)
+  alignas(1024) uint8_t q[kRowBuffers][kQueryRows * D];  // rows form (A of S)
+  alignas(1024) uint8_t g[kRowBuffers][kQueryRows * D];  // rows form (A of E)
   DqKeyStage<D> stage[kStages];
-  StageRing<kStages> ring;
-  uint64_t rows_full;  // Q and dO rows landed
+  DqRowInfo info[kRowBuffers];
+  StageRing<kStages> ring;            // key tiles, use i = the CTA's i-th over all its items
+  StageRing<kRowBuffers> rows_ring;   // Q and dO rows, use n = the CTA's n-th item
 };
 template <int D>
 constexpr size_t kDqSharedBytes = sizeof(DqShared<D>) + 1024;  // + the alignment of the dynamic base
@@ -167,29 +185,16 @@ __device__ __forceinline__ void interior_u_grouped(float (&s)[kKeyTile / 2], con
   for (int r = 0; r < 2; ++r) amax[r] = fmaxf(part_max[r][0], part_max[r][1]);
 }
 
-// What both the producer and the consumers know about the CTA's work.
-struct DqWork {
-  DocumentSpan d;
-  int doc, q0, kvh;
-  int tiles;  // key tiles 0 .. tiles-1, from the document start
-};
-
 // --- producer ----------------------------------------------------------------------------------
-// One warp: the Q and dO rows once, then per key tile: wait for an empty stage, TMA its K, V and
+// An item's key tiles, the ring's uses key_uses.. on: wait for an empty stage, TMA its K, V and
 // K^T codes (lane 0), store its keys' scale factors (the next tile's bytes are loaded meanwhile)
 // and arrive on "full". Keys past the document end load the next document's codes, transposed
 // slots the quantizer zeroed, or TMA's zeros past the tensor: finite E4M3 codes (docs/KERNELS.md,
 // "Loads") that meet an exact-zero U in dQ = U.K, and columns of S and E that the masked path drops.
 template <int D>
-__device__ __forceinline__ void produce(const DqArgs& args, const DqWork& w, DqShared<D>& sm) {
+__device__ __forceinline__ void produce_key_tiles(const DqArgs& args, const DqWork& w, int key_uses, DqShared<D>& sm) {
   const BackwardParams& p = args.p;
-  const int lane = int(threadIdx.x) % 32, h = blockIdx.y;
-  if (lane == 0) {
-    barrier_expect_bytes(sm.rows_full, 2 * kQueryRows * D);
-    tma_load_rows(args.q_map, sm.q, sm.rows_full, h, w.d.begin + w.q0);
-    tma_load_rows(args.g_map, sm.g, sm.rows_full, h, w.d.begin + w.q0);
-    barrier_arrive(sm.rows_full);
-  }
+  const int lane = int(threadIdx.x) % 32;
   const int kt_doc_start = int(layout::transposed_document_start(w.d.begin, w.doc));
   auto load_scales = [&](int i) {
     return load_lane_scale_bytes<kKeyTile>(p.k_scales, p.v_scales, p.kv_heads, w.kvh, w.d.begin, w.d.len,
@@ -197,12 +202,12 @@ __device__ __forceinline__ void produce(const DqArgs& args, const DqWork& w, DqS
   };
   LaneScaleBytes<kKeyTile> next = load_scales(0);
   for (int i = 0; i < w.tiles; ++i) {
-    const int k0 = i * kKeyTile;
-    DqKeyStage<D>& st = sm.stage[sm.ring.stage(i)];
+    const int k0 = i * kKeyTile, use = key_uses + i;
+    DqKeyStage<D>& st = sm.stage[sm.ring.stage(use)];
     const LaneScaleBytes<kKeyTile> bytes = next;
-    sm.ring.wait_empty(i);
+    sm.ring.wait_empty(use);
     if (lane == 0) {
-      uint64_t& full = sm.ring.full_barrier(i);
+      uint64_t& full = sm.ring.full_barrier(use);
       barrier_expect_bytes(full, 3 * kKeyTile * D);
       tma_load_rows(args.k_map, st.k, full, w.kvh, w.d.begin + k0);
       tma_load_rows(args.v_map, st.v, full, w.kvh, w.d.begin + k0);
@@ -214,41 +219,99 @@ __device__ __forceinline__ void produce(const DqArgs& args, const DqWork& w, DqS
       st.k_pow[j * 32 + lane] = pow2_of_scale(bytes.k_byte(j));
       st.v_pow[j * 32 + lane] = pow2_of_scale(bytes.v_byte(j));
     }
-    sm.ring.arrive_full(i);
+    sm.ring.arrive_full(use);
   }
 }
 
-// --- consumers ---------------------------------------------------------------------------------
-// A warpgroup of 64 query rows; per key tile: S and E, U (into s), sigma, dQ_tile = U~.K, then
-// the stage is released and dQ_tile added at 2^sigma.
+// The per-row constants of an item (lane = row mod 32), so that the consumers start an item
+// without a global load.
+__device__ __forceinline__ void store_row_constants(const BackwardParams& p, const DqWork& w, int lane,
+                                                    DqRowInfo& info) {
+#pragma unroll
+  for (int j = 0; j < kQueryRows / 32; ++j) {
+    const int row = j * 32 + lane;
+    const int64_t token = w.d.begin + min(w.q0 + row, w.d.len - 1);
+    const int64_t s = token * p.q_heads + w.head;
+    info.q_scale[row] = __ldg(p.q_scales + s);
+    info.g_scale[row] = __ldg(p.g_scales + s);
+    info.lse[row] = __ldg(p.lse + int64_t(w.head) * p.total_tokens + token);
+    info.delta[row] = p.delta[int64_t(w.head) * p.total_tokens + token];  // written by the prep pass
+  }
+}
+
+// One warp over the CTA's items (work_items.cuh's produce_work_items): per item, its DqWork and
+// row constants into row buffer n % 2 with its Q and dO rows, then its key tiles.
 template <int D>
-__device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, DqShared<D>& sm) {
+__device__ __forceinline__ void produce(const DqArgs& args, DqShared<D>& sm) {
+  const BackwardParams& p = args.p;
+  const int lane = int(threadIdx.x) % 32;
+  const int tile_slots = int(slots::slot_count(p.total_tokens, p.num_docs, kQueryRows));
+  int key_uses = 0;
+  produce_work_items<DqWork>(
+      p.work_counter, tile_slots * p.q_heads, sm.rows_ring,
+      [&](int item, DqWork& w) {
+        QueryTileItem it;
+        if (!find_query_tile_item(p, item, tile_slots, kQueryRows, it)) return false;
+        w.d = it.span;
+        w.doc = it.doc;
+        w.q0 = it.q0;
+        w.head = it.head;
+        w.kvh = it.kvh;
+        const int last_key = p.causal ? min(w.q0 + kQueryRows, w.d.len) - 1 : w.d.len - 1;
+        w.tiles = last_key / kKeyTile + 1;
+        return true;
+      },
+      [&](const DqWork& w, int n) {
+        const int b = sm.rows_ring.stage(n);
+        if (lane == 0) {
+          sm.info[b].work = w;
+          uint64_t& full = sm.rows_ring.full_barrier(n);
+          barrier_expect_bytes(full, 2 * kQueryRows * D);
+          tma_load_rows(args.q_map, sm.q[b], full, w.head, w.d.begin + w.q0);
+          tma_load_rows(args.g_map, sm.g[b], full, w.head, w.d.begin + w.q0);
+        }
+        store_row_constants(p, w, lane, sm.info[b]);
+      },
+      [&](const DqWork& w) {
+        produce_key_tiles(args, w, key_uses, sm);
+        key_uses += w.tiles;
+      },
+      [&](int n) {
+        if (lane == 0) sm.info[sm.rows_ring.stage(n)].work.tiles = 0;
+      });
+}
+
+// --- consumers ---------------------------------------------------------------------------------
+// A warpgroup of 64 query rows of one item (rows buffer b, key tiles at the ring's uses key_uses..);
+// per key tile: S and E, U (into s), sigma, dQ_tile = U~.K, then the stage is released and dQ_tile
+// added at 2^sigma.
+template <int D>
+__device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, int b, int key_uses, DqShared<D>& sm) {
   const BackwardParams& p = args.p;
   const DocumentSpan& d = w.d;
+  const DqRowInfo& info = sm.info[b];
   const auto [consumer, warp, lane, g, t] = consumer_thread();
-  const int h = blockIdx.y;
-  const int rows[2] = {w.q0 + warp * 16 + g, w.q0 + warp * 16 + g + 8};
+  const int h = w.head;
+  const int tile_rows[2] = {warp * 16 + g, warp * 16 + g + 8};  // of the item's 128
+  const int rows[2] = {w.q0 + tile_rows[0], w.q0 + tile_rows[1]};
   const float scale_log2e = p.softmax_scale * kLog2e;
   DqRows rw;
   for (int r = 0; r < 2; ++r) {
-    const int64_t token = d.begin + min(rows[r], d.len - 1);
-    const int64_t s = token * p.q_heads + h;
-    rw.q_factor[r] = pow2_of_scale(p.q_scales[s]) * scale_log2e;
-    rw.g_pow[r] = pow2_of_scale(p.g_scales[s]);
-    rw.lse2[r] = p.lse[int64_t(h) * p.total_tokens + token] * kLog2e;
-    rw.delta[r] = p.delta[int64_t(h) * p.total_tokens + token];
+    rw.q_factor[r] = pow2_of_scale(info.q_scale[tile_rows[r]]) * scale_log2e;
+    rw.g_pow[r] = pow2_of_scale(info.g_scale[tile_rows[r]]);
+    rw.lse2[r] = info.lse[tile_rows[r]] * kLog2e;
+    rw.delta[r] = info.delta[tile_rows[r]];
   }
   constexpr SmemLayout kRowsLayout = kSwizzleFor<D>, kKtLayout = kSwizzleFor<kKeyTile>;
-  const uint8_t* q_rows = sm.q + consumer * kWarpgroupRows * D;
-  const uint8_t* g_rows = sm.g + consumer * kWarpgroupRows * D;
+  const uint8_t* q_rows = sm.q[b] + consumer * kWarpgroupRows * D;
+  const uint8_t* g_rows = sm.g[b] + consumer * kWarpgroupRows * D;
 
   float dq_acc[D / 2];
   zero(dq_acc);
-  barrier_wait(sm.rows_full, 0);
   for (int i = 0; i < w.tiles; ++i) {
-    const int k0 = i * kKeyTile;
-    const DqKeyStage<D>& st = sm.stage[sm.ring.stage(i)];
-    sm.ring.wait_full(i);
+    const int k0 = i * kKeyTile, use = key_uses + i;
+    const DqKeyStage<D>& st = sm.stage[sm.ring.stage(use)];
+    sm.ring.wait_full(use);
 
     // S = Q . K^T and E = dO . V^T: 64 queries x 128 keys each, D/32 k-steps.
     float s[kKeyTile / 2], e[kKeyTile / 2];
@@ -283,7 +346,7 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, DqS
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(dq_tile);
-    if (lane == 0) sm.ring.arrive_empty(i);  // this warp is done with the tile
+    if (lane == 0) sm.ring.arrive_empty(use);  // this warp is done with the tile
     add_scaled_rows(dq_acc, dq_tile, sigma.pow);
   }
 
@@ -298,24 +361,21 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, DqS
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1) backward_dq_kernel(const __grid_constant__ DqArgs args) {
   DqShared<D>& sm = aligned_shared_storage<DqShared<D>>();
-  const BackwardParams& p = args.p;
-
-  DocumentTile tile;
-  if (!document_tile(p.cu_seqlens, p.num_docs, p.total_tokens, kQueryRows, blockIdx.x, tile)) return;
-  DqWork w;
-  w.d = tile.span;
-  w.doc = tile.doc;
-  w.q0 = (tile.tiles - 1 - tile.tile) * kQueryRows;  // later (costlier, causal) tiles launch first
-  w.kvh = int(blockIdx.y) / (p.q_heads / p.kv_heads);
-  const int last_key = p.causal ? min(w.q0 + kQueryRows, w.d.len) - 1 : w.d.len - 1;
-  w.tiles = last_key / kKeyTile + 1;
-
   run_roles<kProducerRegisters, kConsumerRegisters>(
       [&] {
-        sm.ring.init(kProducerLanes, 4 * kConsumers);  // consumers: one arrival per warp
-        barrier_init(sm.rows_full, 1);
+        sm.ring.init(kProducerLanes, kConsumerWarps);
+        sm.rows_ring.init(kProducerLanes, kConsumerWarps);
       },
-      [&] { produce(args, w, sm); }, [&] { consume(args, w, sm); });
+      [&] { produce(args, sm); },
+      [&] {
+        int key_uses = 0;
+        consume_work_items<DqWork>(
+            sm.rows_ring, [&](int n) { return sm.info[sm.rows_ring.stage(n)].work; },
+            [&](const DqWork& w, int n) {
+              consume(args, w, sm.rows_ring.stage(n), key_uses, sm);
+              key_uses += w.tiles;
+            });
+      });
 }
 
 }  // namespace
@@ -331,8 +391,9 @@ int launch_backward_dq(const BackwardParams& p, void* stream) {
     if (e == cudaSuccess) e = rows_form_map(args.v_map, p.v_codes, p.total_tokens, p.kv_heads, D, kKeyTile);
     if (e == cudaSuccess) e = transposed_form_map(args.kt_map, p.k_codes_t, p.t_pitch, p.kv_heads, D, kKeyTile);
     if (e != cudaSuccess) return e;
-    return launch_over_tile_slots(backward_dq_kernel<D>, args, kDqSharedBytes<D>, kThreads, p.total_tokens,
-                                  p.num_docs, kQueryRows, p.q_heads, static_cast<cudaStream_t>(stream));
+    const int64_t items = slots::slot_count(p.total_tokens, p.num_docs, kQueryRows) * p.q_heads;
+    return launch_persistent(backward_dq_kernel<D>, args, kDqSharedBytes<D>, kThreads, items, p.work_counter,
+                             static_cast<cudaStream_t>(stream));
   });
 }
 

@@ -37,6 +37,7 @@
 #include "cuda/sm90/tensor_map.h"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
+#include "cuda/sm90/work_items.cuh"
 #include "formats/scales.h"
 
 namespace flamia::cuda::sm90 {
@@ -154,18 +155,18 @@ __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const
   }
 }
 
-// Work item `item` of the launch's slots x heads (head-major: items that follow each other share a
-// head's K and V), found by the whole producer warp; false for an idle slot.
+// Work item `item` (work_items.cuh's query tile items), found by the whole producer warp; false for
+// an idle slot.
 __device__ __forceinline__ bool find_work(const ForwardParams& p, int item, int tile_slots, CtaWork& w) {
-  DocumentTile tile;
-  if (!document_tile_warp(p.cu_seqlens, p.num_docs, p.total_tokens, kQueryRows, item % tile_slots, tile)) return false;
-  w.doc = tile.doc;
-  w.doc_begin = tile.span.begin;
-  w.doc_end = tile.span.end;
-  w.len = tile.span.len;
-  w.q0 = (tile.tiles - 1 - tile.tile) * kQueryRows;  // later (costlier, causal) tiles first
-  w.head = item / tile_slots;
-  w.kvh = w.head / (p.q_heads / p.kv_heads);
+  QueryTileItem it;
+  if (!find_query_tile_item(p, item, tile_slots, kQueryRows, it)) return false;
+  w.doc = it.doc;
+  w.doc_begin = it.span.begin;
+  w.doc_end = it.span.end;
+  w.len = it.span.len;
+  w.q0 = it.q0;
+  w.head = it.head;
+  w.kvh = it.kvh;
   const int last_row = min(w.q0 + kQueryRows, w.len) - 1;
   w.tiles = (p.causal ? last_row : w.len - 1) / kKeyTile + 1;
   w.c_exp = scale_exponent(p.v_fold_ref[size_t(p.causal ? w.doc_begin + w.q0 : w.doc_end - 1) * p.kv_heads + w.kvh]);
@@ -185,45 +186,35 @@ __device__ __forceinline__ void store_row_bytes(const ForwardParams& p, const Ct
   }
 }
 
-// One warp, per work item n: find the item (the first from blockIdx.x, the next claimed from the
-// counter while this one's tiles stream; idle slots are skipped), wait until Q buffer n % 2
-// is empty, store the item and its row bytes, TMA its Q tile, arrive on the buffer's "full" (all
-// lanes); then its key tiles. No more items: an item of 0 tiles ends the consumers.
+// One warp over the CTA's items (work_items.cuh's produce_work_items): per item, its CtaWork and
+// row bytes into Q buffer n % 2 with its Q tile, then its key tiles. No more items: an item of 0
+// tiles ends the consumers.
 template <int D>
 __device__ __forceinline__ void produce(const ForwardArgs& args, SharedTiles<D>& sm) {
   const ForwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
   const int tile_slots = int(slots::slot_count(p.total_tokens, p.num_docs, kQueryRows));
-  const int items = tile_slots * p.q_heads;
-  auto claim_next = [&] { return __shfl_sync(0xffffffffu, lane == 0 ? next_work_item(p.work_counter) : 0, 0); };
-  int item = first_work_item(), key_uses = 0;
-  for (int n = 0;; ++n) {
-    CtaWork w;
-    while (item < items && !find_work(p, item, tile_slots, w)) item = claim_next();
-    sm.q_ring.wait_empty(n);
-    QueryTileInfo& info = sm.info[sm.q_ring.stage(n)];
-    if (item >= items) {
-      if (lane == 0) info.work.tiles = 0;
-      sm.q_ring.arrive_full(n);
-      return;
-    }
-    if (lane == 0) {
-      info.work = w;
-      uint64_t& full = sm.q_ring.full_barrier(n);
-      barrier_expect_bytes(full, kQueryRows * D);
-      tma_load_rows(args.q_map, sm.q[sm.q_ring.stage(n)], full, w.head, w.doc_begin + w.q0);
-    }
-    store_row_bytes(p, w, lane, info);
-    sm.q_ring.arrive_full(n);
-    // The next item's claim is in flight while this item's key tiles stream. (Claiming it only
-    // when the ring can hold the rest of this item, closer to the hardware's greedy order, measured
-    // slower on the H200: forward kernel +5% at 4x16384 and -28% at tiny-unaligned against main,
-    // where claiming here gave +3% and -29%.)
-    const int claimed = lane == 0 ? next_work_item(p.work_counter) : 0;
-    produce_key_tiles(args, w, key_uses, sm);
-    key_uses += w.tiles;
-    item = __shfl_sync(0xffffffffu, claimed, 0);
-  }
+  int key_uses = 0;
+  produce_work_items<CtaWork>(
+      p.work_counter, tile_slots * p.q_heads, sm.q_ring,
+      [&](int item, CtaWork& w) { return find_work(p, item, tile_slots, w); },
+      [&](const CtaWork& w, int n) {
+        QueryTileInfo& info = sm.info[sm.q_ring.stage(n)];
+        if (lane == 0) {
+          info.work = w;
+          uint64_t& full = sm.q_ring.full_barrier(n);
+          barrier_expect_bytes(full, kQueryRows * D);
+          tma_load_rows(args.q_map, sm.q[sm.q_ring.stage(n)], full, w.head, w.doc_begin + w.q0);
+        }
+        store_row_bytes(p, w, lane, info);
+      },
+      [&](const CtaWork& w) {
+        produce_key_tiles(args, w, key_uses, sm);
+        key_uses += w.tiles;
+      },
+      [&](int n) {
+        if (lane == 0) sm.info[sm.q_ring.stage(n)].work.tiles = 0;
+      });
 }
 
 // The online-softmax update of a tile with row maxima tile_max (already over the quad): new
@@ -534,20 +525,17 @@ __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& 
   }
 }
 
-// A consumer warpgroup over the CTA's items: wait for item n's Q tile (its buffer's "full"), take
-// the item, run it, release the buffer (each warp); an item of 0 tiles means no more.
+// A consumer warpgroup over the CTA's items (work_items.cuh's consume_work_items).
 template <int D>
 __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTiles<D>& sm) {
   int key_uses = 0;
-  for (int n = 0;; ++n) {
-    sm.q_ring.wait_full(n);
-    const QueryTileInfo& info = sm.info[sm.q_ring.stage(n)];
-    const CtaWork w = info.work;
-    if (w.tiles == 0) return;
-    consume(args, w, info, sm.q[sm.q_ring.stage(n)], key_uses, sm);
-    if (threadIdx.x % 32 == 0) sm.q_ring.arrive_empty(n);
-    key_uses += w.tiles;
-  }
+  consume_work_items<CtaWork>(
+      sm.q_ring, [&](int n) { return sm.info[sm.q_ring.stage(n)].work; },
+      [&](const CtaWork& w, int n) {
+        const int b = sm.q_ring.stage(n);
+        consume(args, w, sm.info[b], sm.q[b], key_uses, sm);
+        key_uses += w.tiles;
+      });
 }
 
 template <int D>

@@ -30,7 +30,7 @@ cudaError_t launch_over_tile_slots(void (*kernel)(Args), const Args& args, size_
 
 // Persistent kernels: one CTA per SM (at most one per work item; the kernels need an SM each),
 // taking work items 0 .. items - 1 in order from a counter in global memory: a CTA's first item is
-// blockIdx.x, each next one gridDim.x + atomicAdd(counter, 1) (first_work_item, next_work_item), so
+// blockIdx.x, each next one gridDim.x + atomicAdd(counter, 1) (work_items.cuh), so
 // a CTA that finishes early takes more, as the hardware hands out the CTAs of a grid of items, but
 // each CTA pays its start-up once and loads its next item while it finishes the last. (A kernel
 // written this way also runs as an ordinary grid of one CTA per item: its first claim ends it.)
@@ -48,8 +48,6 @@ cudaError_t launch_persistent(void (*kernel)(Args), const Args& args, size_t sme
   kernel<<<dim3(unsigned(ctas > 0 ? ctas : 1)), threads, smem_bytes, stream>>>(args);
   return cudaGetLastError();
 }
-__device__ __forceinline__ int first_work_item() { return int(blockIdx.x); }
-__device__ __forceinline__ int next_work_item(int* counter) { return int(gridDim.x) + atomicAdd(counter, 1); }
 
 // launch(std::integral_constant<int, D>) for the head dims the kernels are built for (64, 128);
 // cudaErrorInvalidValue for any other. Returns the cudaError_t as an int, as the launchers do.

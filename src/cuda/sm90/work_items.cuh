@@ -1,0 +1,78 @@
+// The item loop of the persistent kernels (launch.cuh's launch_persistent): work items 0 .. items-1,
+// a CTA's first blockIdx.x, each next claimed from a counter (gridDim.x + atomicAdd), handed from
+// the producer warp to the consumer warpgroups through a ring of buffers (tma.cuh's StageRing: item
+// n in buffer n % kBuffers, with whatever the item brings along, e.g. its resident tiles).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/document_span.cuh"
+#include "cuda/sm90/attention_shape.h"
+#include "cuda/sm90/tma.cuh"
+
+namespace flamia::cuda::sm90 {
+
+__device__ __forceinline__ int first_work_item() { return int(blockIdx.x); }
+__device__ __forceinline__ int next_work_item(int* counter) { return int(gridDim.x) + atomicAdd(counter, 1); }
+
+// Producer side, one whole warp: per item n, find it (find(item, work): false for an idle item,
+// which is skipped), wait until buffer n % kBuffers is empty, publish(work, n) (lane 0 announces the
+// bytes and issues the loads of the buffer, every lane stores what it must), arrive on the buffer's
+// "full" (all lanes), then stream(work) its streamed tiles; the next item's claim is in flight
+// meanwhile. After the last item, end(n) marks buffer n as the end (e.g. an item of 0 tiles).
+template <class Work, int kBuffers, class Find, class Publish, class Stream, class End>
+__device__ __forceinline__ void produce_work_items(int* counter, int items, StageRing<kBuffers>& ring, Find find,
+                                                   Publish publish, Stream stream, End end) {
+  const int lane = int(threadIdx.x) % 32;
+  auto claim_next = [&] { return __shfl_sync(0xffffffffu, lane == 0 ? next_work_item(counter) : 0, 0); };
+  int item = first_work_item();
+  for (int n = 0;; ++n) {
+    Work w;
+    while (item < items && !find(item, w)) item = claim_next();
+    ring.wait_empty(n);
+    if (item >= items) {
+      end(n);
+      ring.arrive_full(n);
+      return;
+    }
+    publish(w, n);
+    ring.arrive_full(n);
+    const int claimed = lane == 0 ? next_work_item(counter) : 0;
+    stream(w);
+    item = __shfl_sync(0xffffffffu, claimed, 0);
+  }
+}
+
+// Consumer side, per warp: wait for buffer n % kBuffers, take(n) its item (an item whose `tiles` is
+// 0 ends the loop), run(work, n), release the buffer (one arrival per warp).
+template <class Work, int kBuffers, class Take, class Run>
+__device__ __forceinline__ void consume_work_items(StageRing<kBuffers>& ring, Take take, Run run) {
+  for (int n = 0;; ++n) {
+    ring.wait_full(n);
+    const Work w = take(n);
+    if (w.tiles == 0) return;
+    run(w, n);
+    if (threadIdx.x % 32 == 0) ring.arrive_empty(n);
+  }
+}
+
+// A (query tile slot, query head) item of the slots x heads numbering (head-major: consecutive
+// items share a head's K and V), as the forward and dQ use it: tiles of `rows` queries, the last
+// (costliest, causal) tile of a document first. Found by a whole warp; false for an idle slot.
+struct QueryTileItem {
+  DocumentSpan span;
+  int doc, q0, head, kvh;
+};
+__device__ __forceinline__ bool find_query_tile_item(const AttentionShape& p, int item, int tile_slots, int rows,
+                                                     QueryTileItem& out) {
+  DocumentTile tile;
+  if (!document_tile_warp(p.cu_seqlens, p.num_docs, p.total_tokens, rows, item % tile_slots, tile)) return false;
+  out.span = tile.span;
+  out.doc = tile.doc;
+  out.q0 = (tile.tiles - 1 - tile.tile) * rows;
+  out.head = item / tile_slots;
+  out.kvh = out.head / (p.q_heads / p.kv_heads);
+  return true;
+}
+
+}  // namespace flamia::cuda::sm90
