@@ -108,7 +108,7 @@ struct BackwardWorkspace {
   WorkspaceRegion q_scales, k_scales, v_scales, g_scales;  // UE8M0 [T, H]
   WorkspaceRegion g_scale_prefix_max;                      // UE8M0 [T, Hq]
   WorkspaceRegion delta;                                   // FP32 [Hq, T]: D_i
-  WorkspaceRegion work_counter;                            // int32: the persistent dQ kernel's item counter
+  WorkspaceRegion work_counter;                            // int32: the persistent kernels' item counter
   size_t total = 0;                                        // a multiple of kWorkspaceAlignment
 };
 

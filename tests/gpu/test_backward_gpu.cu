@@ -207,6 +207,41 @@ TEST(Backward, SavedCodesGiveBitwiseTheSameOutputsAndGradients) {
   }
 }
 
+// The first `tokens` tokens of t.
+reference::PackedTensor leading_tokens(const reference::PackedTensor& t, int tokens) {
+  reference::PackedTensor out(tokens, t.heads, t.dim);
+  std::copy_n(t.data.begin(), out.data.size(), out.data.begin());
+  return out;
+}
+
+// dK dV runs one of two schedules per call (backward_dkdv.cu's DkdvSchedule: one CTA per item when
+// documents are long on average, persistent CTAs when they are short), and both give bitwise the
+// same gradients: two calls over the same two long documents, the second with two short documents
+// appended (which pulls the mean length below the switch), must agree on those documents' outputs
+// and gradients, documents being independent. Both head dims, document and prefix isolation.
+TEST(Backward, BothDkdvSchedulesGiveBitwiseTheSameGradients) {
+  FLAMIA_REQUIRE_GPU();
+  const std::vector<int> long_docs = {2500, 3100};  // mean 2800 tokens: one CTA per item
+  const std::vector<int> with_short = {2500, 3100, 64, 64};  // mean 1432: persistent
+  const int tokens = long_docs[0] + long_docs[1];
+  for (int dim : {128, 64}) {
+    const auto in_short = analysis::random_inputs({with_short, 8, 2, dim}, 23);
+    const analysis::AttentionInputs in_long{Documents::from_lengths(long_docs), leading_tokens(in_short.q, tokens),
+                                            leading_tokens(in_short.k, tokens), leading_tokens(in_short.v, tokens),
+                                            leading_tokens(in_short.dout, tokens)};
+    for (int config : {0, 3}) {  // block32 document, prefix
+      const NumericsOptions opt = analysis::default_numerics_configs()[config];
+      const auto grid = TrainingCall(in_long, opt, true).run_training();
+      const auto persistent = TrainingCall(in_short, opt, true).run_training();
+      const std::string where = "D " + std::to_string(dim) + ", config " + std::to_string(config);
+      EXPECT_TRUE(same_bits(grid.forward.o, leading_tokens(persistent.forward.o, tokens))) << where;
+      EXPECT_TRUE(same_bits(*grid.forward.dq, leading_tokens(*persistent.forward.dq, tokens))) << where;
+      EXPECT_TRUE(same_bits(grid.dk, leading_tokens(persistent.dk, tokens))) << where;
+      EXPECT_TRUE(same_bits(grid.dv, leading_tokens(persistent.dv, tokens))) << where;
+    }
+  }
+}
+
 TEST(Backward, NonFiniteGradientStaysInsideItsDocument) {
   FLAMIA_REQUIRE_GPU();
   auto in = analysis::random_inputs({{200, 100}, 4, 4, 64}, 9);

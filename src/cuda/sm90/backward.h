@@ -2,8 +2,9 @@
 //
 // Three passes, after Q, K, V and dO were quantized with the forward's groups and rule:
 //  1. prep:  D_i = 2^eg_i sum_f cg_if O_if per (token, query head), from dO's codes and the saved O;
-//  2. dK dV: one CTA per (document, 128-key block, KV head) owns its keys' dK and dV and walks the
-//            query heads of its group and the 64-query tiles that see its keys;
+//  2. dK dV: a work item (document, 128-key block, KV head) owns its keys' dK and dV and walks the
+//            query heads of its group and the 64-query tiles that see its keys (one CTA per item,
+//            or persistent CTAs when the documents are short on average);
 //  3. dQ:    a work item (document, 128-query tile, query head) owns its rows' dQ and walks the
 //            128-key tiles its rows see (persistent: one CTA per SM takes items in turn).
 // Both main passes rebuild S and P from the forward's codes and LSE. Every output element has one
@@ -33,7 +34,7 @@ struct BackwardParams : AttentionShape {
   float* delta;      // [Hq, T]: D_i, written by the prep pass
   void *dq, *dk, *dv;  // BF16 outputs [T, Hq, D], [T, Hkv, D], [T, Hkv, D] with the strides below
   int64_t dq_stride_token, dq_stride_head, dk_stride_token, dk_stride_head, dv_stride_token, dv_stride_head;
-  int* work_counter;  // the persistent dQ kernel's item counter (launch.cuh; zeroed by the launch)
+  int* work_counter;  // the persistent kernels' item counter (launch.cuh; zeroed by each launch)
 };
 
 // Each returns the cudaError_t of its launch as an int (0 = success); head_dim must be 64 or 128.

@@ -1,7 +1,9 @@
-// Backward pass 2: dK and dV. One CTA of two warpgroups per (document, 128-key block, KV head) owns
-// those keys' gradients (64 keys per warpgroup, sharing every query tile in shared memory); it walks
-// the query heads of its KV group and, for each, the 64-query tiles (counted from the document
-// start, tiling::kBwdQueryTile) that see its keys. Per tile, with the keys as rows (S^T and E^T come
+// Backward pass 2: dK and dV. A work item (document tile slot of 128 keys, KV head) owns those
+// keys' gradients (64 keys per consumer warpgroup, sharing every query tile in shared memory); it
+// walks the query heads of its KV group and, for each, the 64-query tiles (counted from the
+// document start, tiling::kBwdQueryTile) that see its keys. Two schedules of the same code
+// (DkdvSchedule): one CTA per item, or persistent like the forward (one CTA per SM takes items in
+// turn, work_items.cuh) when documents are short. Per tile, with the keys as rows (S^T and E^T come
 // out of the tensor cores already transposed):
 //   S^T = K codes . Q codes^T,  p_ij = 2^(S_ij 2^(ek_j + eq_i) scale log2(e) - LSE_i log2(e))
 //   E^T = V codes . dO codes^T, E_ij = E^T_ji 2^(ev_j + eg_i),  U_ij = p_ij (E_ij - D_i)
@@ -11,10 +13,11 @@
 // per (key, query tile), as
 // docs/NUMERICS.md and the emulation (reference::mxfp8_backward) define them. dK is scaled by the
 // softmax scale at the end.
-// Warp-specialized like the forward (forward.cu, tma.cuh): warpgroup 0's producer warp loads the
-// CTA's K and V rows once and each step's Q and dO rows and Q^T, dO^T (the quantizer's transposed
-// layouts) by TMA into a ring of stages, with the step's per-query constants; warpgroups 1 and 2
-// (64 keys each) compute, each at its own pace.
+// Warp-specialized like the forward (forward.cu, tma.cuh): warpgroup 0's producer warp loads each
+// item's K and V rows (persistent: two key buffers, the next item's land while this one runs) with
+// their scale bytes, and each step's Q and dO rows and Q^T, dO^T (the quantizer's transposed layouts) by TMA
+// into a ring of stages that runs on across items, with the step's per-query constants;
+// warpgroups 1 and 2 (64 keys each) compute, each at its own pace.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -30,6 +33,7 @@
 #include "cuda/sm90/tensor_map.h"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
+#include "cuda/sm90/work_items.cuh"
 #include "formats/scales.h"
 
 namespace flamia::cuda::sm90 {
@@ -43,10 +47,28 @@ constexpr int kQueryTile = tiling::kBwdQueryTile;   // queries per step: tau's g
 constexpr int kStages = 3;
 static_assert(kQueryTile == 64, "S^T is one m64n64 product per k-step");
 static_assert(tiling::kBwdKeyTile % kKeyRows == 0, "a CTA's keys lie inside one backward key tile");
-// Registers per thread after the hand-over: 128 x 24 + 256 x 240 = 64512 of the SM's 65536.
-constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 constexpr int kProducerLanes = 32;
+constexpr int kConsumerWarps = 4 * kConsumers;
 constexpr int kQueriesPerLane = kQueryTile / kProducerLanes;
+
+// The two schedules (launch_backward_dkdv picks one per call). Registers per thread after the
+// hand-over: 128 x 24 + 256 x 240 = 128 x 40 + 256 x 232 = 64512 of the SM's 65536.
+//  - grid: one CTA per item, its K and V rows in one buffer, 240 registers per consumer;
+//  - persistent: one CTA per SM takes items in turn (work_items.cuh), item n's K and V rows in
+//    buffer n % 2 (the next item's land while this one runs). Its producer carries the item loop:
+//    at 24 registers it spills in the step loop (+20% on long documents), so it gets 40 and the
+//    consumers 232, which costs ~5% per step on long documents (H200, docs/KERNELS.md): long
+//    documents run the grid, short ones (fixed costs per item dominate) the persistent kernel.
+template <bool kPersistent>
+struct DkdvSchedule {
+  static constexpr int kKeyBuffers = kPersistent ? 2 : 1;
+  static constexpr int kProducerRegisters = kPersistent ? 40 : 24;
+  static constexpr int kConsumerRegisters = kPersistent ? 232 : 240;
+};
+// Mean document length (tokens) below which a call runs the persistent schedule: measured per
+// workload (dK dV ms, grid vs persistent): 250-token documents 1.22 vs 0.89, 8192 + 224 x 256
+// 1.72 vs 1.65, 16 x 4096 3.68 vs 3.76, 4 x 16384 12.6 vs 13.2.
+constexpr int kPersistentBelowMeanDocument = 2048;
 
 // Per-query constants of a tile: {2^eq_i, 2^eg_i, 2^(boost + eg_i - gamma), -LSE_i log2(e)}, D_i.
 struct QueryTileConsts {
@@ -63,31 +85,46 @@ struct alignas(1024) DkdvQueryStage {
   uint8_t gt[D * kQueryTile];  // transposed form, queries permuted (B of dV)
   QueryTileConsts consts;
 };
-template <int D>
-struct DkdvShared {
-  alignas(1024) uint8_t k[kKeyRows * D];  // rows form (A of S^T)
-  alignas(1024) uint8_t v[kKeyRows * D];  // rows form (A of E^T)
-  DkdvQueryStage<D> stage[kStages];
-  StageRing<kStages> ring;
-  uint64_t keys_full;  // K and V rows landed
+// The (query head, query tile) steps of an item, in order: each head of the KV group, and for it the
+// 64-query tiles (counted from the document start) from q_begin to the document end.
+struct QuerySteps {
+  int first_head, q_begin, tiles_per_head;
+  __device__ int head(int step) const { return first_head + step / tiles_per_head; }
+  __device__ int q0(int step) const { return q_begin + step % tiles_per_head * kQueryTile; }
 };
-template <int D>
-constexpr size_t kDkdvSharedBytes = sizeof(DkdvShared<D>) + 1024;  // + the alignment of the dynamic base
-static_assert(kDkdvSharedBytes<128> <= 227 * 1024, "a CTA must fit in shared memory");
+// One work item, what the producer finds and hands the consumers with its key rows.
+struct DkdvWork {
+  DocumentSpan d;
+  int doc, k0, kvh;
+  int gamma;  // the document's largest dO exponent over the group's query heads
+  QuerySteps steps;
+  int tiles;  // the item's steps (query tiles over the group's heads); 0: no more items
+};
+// An item with its keys' scale bytes (keys past the document end: its last key's).
+struct DkdvKeyInfo {
+  DkdvWork work;
+  uint8_t k_scale[kKeyRows], v_scale[kKeyRows];
+};
+template <int D, int kKeyBuffers>
+struct DkdvShared {
+  alignas(1024) uint8_t k[kKeyBuffers][kKeyRows * D];  // rows form (A of S^T)
+  alignas(1024) uint8_t v[kKeyBuffers][kKeyRows * D];  // rows form (A of E^T)
+  DkdvQueryStage<D> stage[kStages];
+  DkdvKeyInfo info[kKeyBuffers];
+  StageRing<kStages> ring;            // query steps, use i = the CTA's i-th over all its items
+  StageRing<kKeyBuffers> keys_ring;   // K and V rows, use n = the CTA's n-th item
+};
+template <int D, bool kPersistent>
+using DkdvSharedFor = DkdvShared<D, DkdvSchedule<kPersistent>::kKeyBuffers>;
+template <int D, bool kPersistent>  // + the alignment of the dynamic base
+constexpr size_t kDkdvSharedBytes = sizeof(DkdvSharedFor<D, kPersistent>) + 1024;
+static_assert(kDkdvSharedBytes<128, true> <= 227 * 1024, "a CTA must fit in shared memory");
 
 struct DkdvArgs {
   BackwardParams p;
   CUtensorMap k_map, v_map;    // rows form, box kKeyRows
   CUtensorMap q_map, g_map;    // rows form, box kQueryTile
   CUtensorMap qt_map, gt_map;  // transposed form, box kQueryTile
-};
-
-// The (query head, query tile) steps of a CTA, in order: each head of the KV group, and for it the
-// 64-query tiles (counted from the document start) from q_begin to the document end.
-struct QuerySteps {
-  int first_head, q_begin, tiles_per_head;
-  __device__ int head(int step) const { return first_head + step / tiles_per_head; }
-  __device__ int q0(int step) const { return q_begin + step % tiles_per_head * kQueryTile; }
 };
 
 // A producer lane's queries' inputs to the constants (queries lane + 32 j of the tile, clamped
@@ -232,75 +269,140 @@ __device__ __forceinline__ void interior_pu_grouped(const float (&s)[kQueryTile 
   for (int r = 0; r < 2; ++r) amax[r] = fmaxf(part_max[r][0], part_max[r][1]);
 }
 
-// What both the producer and the consumers know about the CTA's work.
-struct DkdvWork {
-  DocumentSpan d;
-  int doc, k0, kvh;
-  int gamma;  // the document's largest dO exponent over the group's query heads
-  QuerySteps steps;
-  int num_steps;
-};
-
 // --- producer ----------------------------------------------------------------------------------
-// One warp: the K and V rows once, then per step: wait for an empty stage, TMA its Q, dO, Q^T and
+// An item's steps, the ring's uses step_uses.. on: wait for an empty stage, TMA its Q, dO, Q^T and
 // dO^T codes (lane 0), store the step's per-query constants (the next step's inputs are loaded
 // meanwhile) and arrive on "full". Queries past the document end load the next document's codes,
 // transposed slots the quantizer zeroed, or TMA's zeros past the tensor: finite E4M3 codes
 // (docs/KERNELS.md, "Loads") that meet exact-zero P~ and U in dV and dK, and columns of S^T and E^T
 // that the masked path drops.
-template <int D>
-__device__ __forceinline__ void produce(const DkdvArgs& args, const DkdvWork& w, DkdvShared<D>& sm) {
+template <int D, int kKeyBuffers>
+__device__ __forceinline__ void produce_steps(const DkdvArgs& args, const DkdvWork& w, int step_uses,
+                                              DkdvShared<D, kKeyBuffers>& sm) {
   const BackwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
-  if (lane == 0) {
-    barrier_expect_bytes(sm.keys_full, 2 * kKeyRows * D);
-    tma_load_rows(args.k_map, sm.k, sm.keys_full, w.kvh, w.d.begin + w.k0);
-    tma_load_rows(args.v_map, sm.v, sm.keys_full, w.kvh, w.d.begin + w.k0);
-    barrier_arrive(sm.keys_full);
-  }
   const int doc_slot = int(layout::transposed_document_start(w.d.begin, w.doc));
   auto load_inputs = [&](int step) { return load_query_inputs(p, w.d, w.steps.head(step), w.steps.q0(step), lane); };
   QueryInputs next = load_inputs(0);
-  for (int step = 0; step < w.num_steps; ++step) {
-    const int h = w.steps.head(step), q0 = w.steps.q0(step);
-    DkdvQueryStage<D>& st = sm.stage[sm.ring.stage(step)];
+  for (int step = 0; step < w.tiles; ++step) {
+    const int h = w.steps.head(step), q0 = w.steps.q0(step), use = step_uses + step;
+    DkdvQueryStage<D>& st = sm.stage[sm.ring.stage(use)];
     const QueryInputs inputs = next;
-    sm.ring.wait_empty(step);
+    sm.ring.wait_empty(use);
     if (lane == 0) {
-      uint64_t& full = sm.ring.full_barrier(step);
+      uint64_t& full = sm.ring.full_barrier(use);
       barrier_expect_bytes(full, 4 * kQueryTile * D);
       tma_load_rows(args.q_map, st.q, full, h, w.d.begin + q0);
       tma_load_rows(args.g_map, st.g, full, h, w.d.begin + q0);
       tma_load_transposed(args.qt_map, st.qt, full, h, D, doc_slot + q0);
       tma_load_transposed(args.gt_map, st.gt, full, h, D, doc_slot + q0);
     }
-    if (step + 1 < w.num_steps) next = load_inputs(step + 1);
+    if (step + 1 < w.tiles) next = load_inputs(step + 1);
     store_query_consts(inputs, w.gamma, p.p_boost_log2, lane, st.consts);
-    sm.ring.arrive_full(step);
+    sm.ring.arrive_full(use);
   }
 }
 
+// Work item `item` of the launch's key slots x KV heads (head-major), found by a whole warp; false
+// for an idle slot. The first key tiles of a document (the most queries see them,
+// causal) come first.
+__device__ __forceinline__ bool find_work(const BackwardParams& p, int item, int tile_slots, DkdvWork& w) {
+  DocumentTile tile;
+  if (!document_tile_warp(p.cu_seqlens, p.num_docs, p.total_tokens, kKeyRows, item % tile_slots, tile)) return false;
+  w.d = tile.span;
+  w.doc = tile.doc;
+  w.k0 = tile.tile * kKeyRows;
+  w.kvh = item / tile_slots;
+  const int group = p.q_heads / p.kv_heads;
+  // gamma: each head's running max of dO's scale exponents at the document's last token; UE8M0
+  // bytes order like exponents, NaN (0xFF) the largest.
+  uint8_t gamma_code = 0;
+  for (int h = w.kvh * group; h < (w.kvh + 1) * group; ++h)
+    gamma_code = uint8_t(max(int(gamma_code), int(p.g_scale_prefix_max[int64_t(w.d.end - 1) * p.q_heads + h])));
+  w.gamma = scale_exponent(gamma_code);
+  const int q_begin = p.causal ? w.k0 : 0;  // k0 is a multiple of kQueryTile: a query tile start
+  w.steps = QuerySteps{w.kvh * group, q_begin, (w.d.len - q_begin + kQueryTile - 1) / kQueryTile};
+  w.tiles = group * w.steps.tiles_per_head;
+  return true;
+}
+
+// The scale bytes of an item's keys (lane = key mod 32), so that the consumers start an item
+// without a global load.
+__device__ __forceinline__ void store_key_bytes(const BackwardParams& p, const DkdvWork& w, int lane,
+                                                DkdvKeyInfo& info) {
+#pragma unroll
+  for (int j = 0; j < kKeyRows / 32; ++j) {
+    const int key = j * 32 + lane;
+    const int64_t s = int64_t(w.d.begin + min(w.k0 + key, w.d.len - 1)) * p.kv_heads + w.kvh;
+    info.k_scale[key] = __ldg(p.k_scales + s);
+    info.v_scale[key] = __ldg(p.v_scales + s);
+  }
+}
+
+// Item n's K and V rows into key buffer n % kKeyBuffers (lane 0: the item and the TMA loads) and its
+// keys' scale bytes (every lane); the caller then arrives on the buffer's "full".
+template <int D, int kKeyBuffers>
+__device__ __forceinline__ void publish_item(const DkdvArgs& args, const DkdvWork& w, int n,
+                                             DkdvShared<D, kKeyBuffers>& sm) {
+  const int b = sm.keys_ring.stage(n), lane = int(threadIdx.x) % 32;
+  if (lane == 0) {
+    sm.info[b].work = w;
+    uint64_t& full = sm.keys_ring.full_barrier(n);
+    barrier_expect_bytes(full, 2 * kKeyRows * D);
+    tma_load_rows(args.k_map, sm.k[b], full, w.kvh, w.d.begin + w.k0);
+    tma_load_rows(args.v_map, sm.v[b], full, w.kvh, w.d.begin + w.k0);
+  }
+  store_key_bytes(args.p, w, lane, sm.info[b]);
+}
+
+// Persistent: one warp over the CTA's items (work_items.cuh's produce_work_items), per item its
+// key buffer, then its steps.
+template <int D, int kKeyBuffers>
+__device__ __forceinline__ void produce_items(const DkdvArgs& args, DkdvShared<D, kKeyBuffers>& sm) {
+  const BackwardParams& p = args.p;
+  const int tile_slots = int(slots::slot_count(p.total_tokens, p.num_docs, kKeyRows));
+  int step_uses = 0, buffer = 0;
+  produce_work_items<DkdvWork>(
+      p.work_counter, tile_slots * p.kv_heads, sm.keys_ring,
+      [&](int item, DkdvWork& w) { return find_work(p, item, tile_slots, w); },
+      [&](const DkdvWork& w, int n) {
+        publish_item(args, w, n, sm);
+        buffer = sm.keys_ring.stage(n);
+      },
+      [&](const DkdvWork& w) {
+        // The item as lane 0 stored it, read from shared memory at each step rather than held in
+        // registers through the step loop (the producer's registers are few).
+        __syncwarp();
+        produce_steps(args, sm.info[buffer].work, step_uses, sm);
+        step_uses += w.tiles;
+      },
+      [&](int n) {
+        if (int(threadIdx.x) % 32 == 0) sm.info[sm.keys_ring.stage(n)].work.tiles = 0;
+      });
+}
+
 // --- consumers ---------------------------------------------------------------------------------
-// A warpgroup of 64 keys; per step: S^T and E^T, P~ and U (into pa and e), tau, dV += P~^T.dO and
-// dK += 2^tau U~^T.Q, then the stage is released.
-template <int D>
-__device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w, DkdvShared<D>& sm) {
+// A warpgroup of 64 keys of one item (key buffer b, steps at the ring's uses step_uses..); per step:
+// S^T and E^T, P~ and U (into pa and e), tau, dV += P~^T.dO and dK += 2^tau U~^T.Q, then the stage
+// is released.
+template <int D, int kKeyBuffers>
+__device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w, int b, int step_uses,
+                                        DkdvShared<D, kKeyBuffers>& sm) {
   const BackwardParams& p = args.p;
   const DocumentSpan& d = w.d;
-  const int consumer = int(threadIdx.x) / 128 - 1, warp = int(threadIdx.x) / 32 - 4;
-  const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const auto [consumer, warp, lane, g, t] = consumer_thread();
   const int wg_key = consumer * kWarpgroupRows;  // this warpgroup's first key in the block
-  const int keys[2] = {w.k0 + warp * 16 + g, w.k0 + warp * 16 + g + 8};
+  const int block_keys[2] = {warp * 16 + g, warp * 16 + g + 8};  // of the item's 128
+  const int keys[2] = {w.k0 + block_keys[0], w.k0 + block_keys[1]};
   const float scale_log2e = p.softmax_scale * kLog2e;
   float k_factor[2], v_pow[2];  // 2^ek_j scale log2(e), 2^ev_j
   for (int r = 0; r < 2; ++r) {
-    const int64_t s = int64_t(d.begin + min(keys[r], d.len - 1)) * p.kv_heads + w.kvh;
-    k_factor[r] = pow2_of_scale(p.k_scales[s]) * scale_log2e;
-    v_pow[r] = pow2_of_scale(p.v_scales[s]);
+    k_factor[r] = pow2_of_scale(sm.info[b].k_scale[block_keys[r]]) * scale_log2e;
+    v_pow[r] = pow2_of_scale(sm.info[b].v_scale[block_keys[r]]);
   }
   constexpr SmemLayout kRowsLayout = kSwizzleFor<D>, kTransposedLayout = kSwizzleFor<kQueryTile>;
-  const uint8_t* k_rows = sm.k + wg_key * D;
-  const uint8_t* v_rows = sm.v + wg_key * D;
+  const uint8_t* k_rows = sm.k[b] + wg_key * D;
+  const uint8_t* v_rows = sm.v[b] + wg_key * D;
 
   int q_first[2];  // key row r sees the queries q_first[r] <= query < d.len (d.len: none)
   for (int r = 0; r < 2; ++r) q_first[r] = keys[r] >= d.len ? d.len : p.causal ? keys[r] : 0;
@@ -308,11 +410,10 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
   float dk_acc[D / 2], dv_acc[D / 2];
   zero(dk_acc);
   zero(dv_acc);
-  barrier_wait(sm.keys_full, 0);
-  for (int step = 0; step < w.num_steps; ++step) {
-    const int q0 = w.steps.q0(step);
-    const DkdvQueryStage<D>& st = sm.stage[sm.ring.stage(step)];
-    sm.ring.wait_full(step);
+  for (int step = 0; step < w.tiles; ++step) {
+    const int q0 = w.steps.q0(step), use = step_uses + step;
+    const DkdvQueryStage<D>& st = sm.stage[sm.ring.stage(use)];
+    sm.ring.wait_full(use);
 
     // S^T = K . Q^T and E^T = V . dO^T: 64 keys x 64 queries each, D/32 k-steps.
     float s[kQueryTile / 2], e[kQueryTile / 2];
@@ -353,7 +454,7 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
     fence_accumulators(dk_tile);
     add_scaled_rows(dk_acc, dk_tile, tau.pow);
     fence_accumulators(dv_acc);
-    if (lane == 0) sm.ring.arrive_empty(step);  // this warp is done with the step's tiles
+    if (lane == 0) sm.ring.arrive_empty(use);  // this warp is done with the step's tiles
   }
 
   const float dv_factor = w.gamma == kNaNExponent ? pow2i(kNaNExponent) : pow2i(w.gamma - p.p_boost_log2);
@@ -367,35 +468,43 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
   }
 }
 
-template <int D>
+template <int D, bool kPersistent>
 __global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid_constant__ DkdvArgs args) {
-  DkdvShared<D>& sm = aligned_shared_storage<DkdvShared<D>>();
-  const BackwardParams& p = args.p;
-
-  DocumentTile tile;
-  if (!document_tile(p.cu_seqlens, p.num_docs, p.total_tokens, kKeyRows, blockIdx.x, tile)) return;
-  DkdvWork w;
-  w.d = tile.span;
-  w.doc = tile.doc;
-  w.k0 = tile.tile * kKeyRows;  // the first blocks see the most queries (causal): launched first
-  w.kvh = blockIdx.y;
-  const int group = p.q_heads / p.kv_heads;
-  // gamma: each head's running max of dO's scale exponents at the document's last token; UE8M0
-  // bytes order like exponents, NaN (0xFF) the largest.
-  uint8_t gamma_code = 0;
-  for (int h = w.kvh * group; h < (w.kvh + 1) * group; ++h)
-    gamma_code = uint8_t(max(int(gamma_code), int(p.g_scale_prefix_max[int64_t(w.d.end - 1) * p.q_heads + h])));
-  w.gamma = scale_exponent(gamma_code);
-  const int q_begin = p.causal ? w.k0 : 0;  // k0 is a multiple of kQueryTile: a query tile start
-  w.steps = QuerySteps{w.kvh * group, q_begin, (w.d.len - q_begin + kQueryTile - 1) / kQueryTile};
-  w.num_steps = group * w.steps.tiles_per_head;
-
-  run_roles<kProducerRegisters, kConsumerRegisters>(
-      [&] {
-        sm.ring.init(kProducerLanes, 4 * kConsumers);  // consumers: one arrival per warp
-        barrier_init(sm.keys_full, 1);
-      },
-      [&] { produce(args, w, sm); }, [&] { consume(args, w, sm); });
+  using Schedule = DkdvSchedule<kPersistent>;
+  auto& sm = aligned_shared_storage<DkdvSharedFor<D, kPersistent>>();
+  auto init = [&] {
+    sm.ring.init(kProducerLanes, kConsumerWarps);
+    sm.keys_ring.init(kProducerLanes, kConsumerWarps);
+  };
+  if constexpr (kPersistent) {
+    run_roles<Schedule::kProducerRegisters, Schedule::kConsumerRegisters>(
+        init, [&] { produce_items(args, sm); },
+        [&] {
+          int step_uses = 0;
+          consume_work_items<DkdvWork>(
+              sm.keys_ring, [&](int n) { return sm.info[sm.keys_ring.stage(n)].work; },
+              [&](const DkdvWork& w, int n) {
+                consume(args, w, sm.keys_ring.stage(n), step_uses, sm);
+                step_uses += w.tiles;
+              });
+        });
+  } else {
+    // One item per CTA (launch_over_tile_slots: blockIdx.x its key tile slot, blockIdx.y its KV
+    // head), found by every warp; an idle slot's CTA leaves before any barrier.
+    DkdvWork w;
+    if (!find_work(args.p, int(blockIdx.y * gridDim.x + blockIdx.x), int(gridDim.x), w)) return;
+    run_roles<Schedule::kProducerRegisters, Schedule::kConsumerRegisters>(
+        init,
+        [&] {
+          publish_item(args, w, 0, sm);
+          sm.keys_ring.arrive_full(0);
+          produce_steps(args, w, 0, sm);
+        },
+        [&] {
+          sm.keys_ring.wait_full(0);
+          consume(args, w, 0, 0, sm);
+        });
+  }
 }
 
 }  // namespace
@@ -412,8 +521,14 @@ int launch_backward_dkdv(const BackwardParams& p, void* stream) {
     if (e == cudaSuccess) e = transposed_form_map(args.qt_map, p.q_codes_t, p.t_pitch, p.q_heads, D, kQueryTile);
     if (e == cudaSuccess) e = transposed_form_map(args.gt_map, p.g_codes_t, p.t_pitch, p.q_heads, D, kQueryTile);
     if (e != cudaSuccess) return e;
-    return launch_over_tile_slots(backward_dkdv_kernel<D>, args, kDkdvSharedBytes<D>, kThreads, p.total_tokens,
-                                  p.num_docs, kKeyRows, p.kv_heads, static_cast<cudaStream_t>(stream));
+    const auto cuda_stream = static_cast<cudaStream_t>(stream);
+    if (int64_t(p.total_tokens) < int64_t(kPersistentBelowMeanDocument) * p.num_docs) {
+      const int64_t items = slots::slot_count(p.total_tokens, p.num_docs, kKeyRows) * p.kv_heads;
+      return launch_persistent(backward_dkdv_kernel<D, true>, args, kDkdvSharedBytes<D, true>, kThreads, items,
+                               p.work_counter, cuda_stream);
+    }
+    return launch_over_tile_slots(backward_dkdv_kernel<D, false>, args, kDkdvSharedBytes<D, false>, kThreads,
+                                  p.total_tokens, p.num_docs, kKeyRows, p.kv_heads, cuda_stream);
   });
 }
 
