@@ -15,6 +15,7 @@
 
 #include "analysis/metrics.h"
 #include "analysis/probe.h"
+#include "cuda/sm90/backward.h"
 #include "forward_harness.h"
 #include "reference/attention_fp64.h"
 #include "reference/mxfp8_route.h"
@@ -216,14 +217,16 @@ reference::PackedTensor leading_tokens(const reference::PackedTensor& t, int tok
 
 // dK dV runs one of two schedules per call (backward_dkdv.cu's DkdvSchedule: one CTA per item when
 // documents are long on average, persistent CTAs when they are short), and both give bitwise the
-// same gradients: two calls over the same two long documents, the second with two short documents
-// appended (which pulls the mean length below the switch), must agree on those documents' outputs
+// same gradients: two calls over the same two long documents, the second with short documents
+// appended until the mean length falls below the switch, must agree on the long documents' outputs
 // and gradients, documents being independent. Both head dims, document and prefix isolation.
 TEST(Backward, BothDkdvSchedulesGiveBitwiseTheSameGradients) {
   FLAMIA_REQUIRE_GPU();
-  const std::vector<int> long_docs = {2500, 3100};  // mean 2800 tokens: one CTA per item
-  const std::vector<int> with_short = {2500, 3100, 64, 64};  // mean 1432: persistent
+  const std::vector<int> long_docs = {2500, 3100};
   const int tokens = long_docs[0] + long_docs[1];
+  ASSERT_FALSE(cuda::sm90::dkdv_runs_persistent(tokens, int64_t(long_docs.size())));
+  std::vector<int> with_short = long_docs;
+  for (int t = tokens; !cuda::sm90::dkdv_runs_persistent(t, int64_t(with_short.size())); t += 64) with_short.push_back(64);
   for (int dim : {128, 64}) {
     const auto in_short = analysis::random_inputs({with_short, 8, 2, dim}, 23);
     const analysis::AttentionInputs in_long{Documents::from_lengths(long_docs), leading_tokens(in_short.q, tokens),

@@ -57,18 +57,15 @@ constexpr int kQueriesPerLane = kQueryTile / kProducerLanes;
 //  - persistent: one CTA per SM takes items in turn (work_items.cuh), item n's K and V rows in
 //    buffer n % 2 (the next item's land while this one runs). Its producer carries the item loop:
 //    at 24 registers it spills in the step loop (+20% on long documents), so it gets 40 and the
-//    consumers 232, which costs ~5% per step on long documents (H200, docs/KERNELS.md): long
-//    documents run the grid, short ones (fixed costs per item dominate) the persistent kernel.
+//    consumers 232, which costs ~5% per step on long documents (H200): long documents run the grid,
+//    short ones (fixed costs per item dominate) the persistent kernel (backward.h,
+//    dkdv_runs_persistent).
 template <bool kPersistent>
 struct DkdvSchedule {
   static constexpr int kKeyBuffers = kPersistent ? 2 : 1;
   static constexpr int kProducerRegisters = kPersistent ? 40 : 24;
   static constexpr int kConsumerRegisters = kPersistent ? 232 : 240;
 };
-// Mean document length (tokens) below which a call runs the persistent schedule: measured per
-// workload (dK dV ms, grid vs persistent): 250-token documents 1.22 vs 0.89, 8192 + 224 x 256
-// 1.72 vs 1.65, 16 x 4096 3.68 vs 3.76, 4 x 16384 12.6 vs 13.2.
-constexpr int kPersistentBelowMeanDocument = 2048;
 
 // Per-query constants of a tile: {2^eq_i, 2^eg_i, 2^(boost + eg_i - gamma), -LSE_i log2(e)}, D_i.
 struct QueryTileConsts {
@@ -522,7 +519,7 @@ int launch_backward_dkdv(const BackwardParams& p, void* stream) {
     if (e == cudaSuccess) e = transposed_form_map(args.gt_map, p.g_codes_t, p.t_pitch, p.q_heads, D, kQueryTile);
     if (e != cudaSuccess) return e;
     const auto cuda_stream = static_cast<cudaStream_t>(stream);
-    if (int64_t(p.total_tokens) < int64_t(kPersistentBelowMeanDocument) * p.num_docs) {
+    if (dkdv_runs_persistent(p.total_tokens, p.num_docs)) {
       const int64_t items = slots::slot_count(p.total_tokens, p.num_docs, kKeyRows) * p.kv_heads;
       return launch_persistent(backward_dkdv_kernel<D, true>, args, kDkdvSharedBytes<D, true>, kThreads, items,
                                p.work_counter, cuda_stream);
