@@ -15,9 +15,9 @@
 // softmax scale at the end.
 // Warp-specialized like the forward (forward.cu, tma.cuh): warpgroup 0's producer warp loads each
 // item's K and V rows (persistent: two key buffers, the next item's land while this one runs) with
-// their scale bytes, and each step's Q and dO rows and Q^T, dO^T (the quantizer's transposed layouts) by TMA
-// into a ring of stages that runs on across items, with the step's per-query constants;
-// warpgroups 1 and 2 (64 keys each) compute, each at its own pace.
+// their scale bytes, and each step's Q and dO rows and Q^T, dO^T (the quantizer's transposed
+// layouts) by TMA into a ring of stages that runs on across items, with the step's per-query
+// constants; warpgroups 1 and 2 (64 keys each) compute, each at its own pace.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
