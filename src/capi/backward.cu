@@ -28,14 +28,11 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   if (CallError e = validate_backward(q, k, v, o, lse, dout, docs, options, dq, dk, dv, codes); !e.ok()) return e;
   const bool saved = codes == QkvCodes::kSaved;
   const BackwardWorkspace ws = backward_workspace_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, codes);
-  if (CallError e = check_workspace(ws, workspace, workspace_bytes,
-                                    saved ? "flamia_backward_saved_workspace_size" : "flamia_backward_workspace_size");
+  const SavedCodes saved_layout = saved_codes_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs);
+  if (CallError e = check_caller_buffers(ws, saved ? "flamia_backward_saved_workspace_size" : "flamia_backward_workspace_size",
+                                         workspace, workspace_bytes, codes, saved_layout, saved_codes, saved_codes_bytes);
       !e.ok())
     return e;
-  const SavedCodes saved_layout = saved_codes_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs);
-  if (saved) {
-    if (CallError e = check_saved_codes(saved_layout, saved_codes, saved_codes_bytes); !e.ok()) return e;
-  }
   if (CallError e = check_device(); !e.ok()) return e;
 
   // validate_backward bounds T * H * D by 2^31 - 1, so every extent fits an int.

@@ -27,14 +27,11 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   if (CallError e = validate_forward(q, k, v, docs, options, o, lse); !e.ok()) return e;
   const bool saving = codes == QkvCodes::kSaved;
   const ForwardWorkspace ws = forward_workspace_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, codes);
-  if (CallError e = check_workspace(ws, workspace, workspace_bytes,
-                                    saving ? "flamia_forward_train_workspace_size" : "flamia_forward_workspace_size");
+  const SavedCodes saved = saved_codes_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs);
+  if (CallError e = check_caller_buffers(ws, saving ? "flamia_forward_train_workspace_size" : "flamia_forward_workspace_size",
+                                         workspace, workspace_bytes, codes, saved, saved_codes, saved_codes_bytes);
       !e.ok())
     return e;
-  const SavedCodes saved = saved_codes_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs);
-  if (saving) {
-    if (CallError e = check_saved_codes(saved, saved_codes, saved_codes_bytes); !e.ok()) return e;
-  }
   if (CallError e = check_device(); !e.ok()) return e;
 
   // validate_forward bounds T * H * D by 2^31 - 1, so every extent fits an int.

@@ -123,6 +123,16 @@ CallError check_workspace(const BackwardWorkspace& layout, const void* workspace
                           const char* size_query = "flamia_backward_workspace_size");
 // The same rules for the saved codes buffer (named saved_codes in the messages).
 CallError check_saved_codes(const SavedCodes& layout, const void* saved_codes, size_t saved_codes_bytes);
+// An entry point's caller-owned buffers: the workspace (size_query names its size function) and,
+// when codes is kSaved, the saved codes buffer.
+template <class Workspace>
+CallError check_caller_buffers(const Workspace& layout, const char* size_query, const void* workspace,
+                               size_t workspace_bytes, QkvCodes codes, const SavedCodes& saved_layout,
+                               const void* saved_codes, size_t saved_codes_bytes) {
+  if (CallError e = check_workspace(layout, workspace, workspace_bytes, size_query); !e.ok()) return e;
+  if (codes == QkvCodes::kSaved) return check_saved_codes(saved_layout, saved_codes, saved_codes_bytes);
+  return CallError::success();
+}
 
 // Writes the message into *error (truncated to fit, always NUL-terminated; "" on success) when
 // error is not NULL, and returns the status.
