@@ -42,6 +42,12 @@ constexpr int kMaxItemsPerThread = kTileTokens * (kMaxDim / kChunk) / kThreads; 
 constexpr int kItemsUpTo128 = kTileTokens * (128 / kChunk) / kThreads;              // ... when D <= 128
 constexpr int kMaxGridY = 65535;
 constexpr int kHeadsPerCta = 4;  // heads per CTA: the document bisection, once per slot, serves them
+// CTAs per SM the registers must allow for head dims up to 128: 4 holds the kernel to 64 registers,
+// as this ptxas chooses unbounded (62). Explicitly one CTA lets it take 94 (two CTAs per SM, half
+// the loads in flight): a forward's three tensors 0.44 -> 0.61 ms at 4x16384 and 0.50 -> 0.71 ms
+// tiny-unaligned on the H200, 3 CTAs (78 registers) 0.48 / 0.56 ms, 5 spill (session 15). Larger
+// head dims hold twice the chunks (about 124 registers, two CTAs per SM): one.
+constexpr int min_ctas_per_sm(int items) { return items <= kItemsUpTo128 ? 4 : 1; }
 static_assert(kTileTokens == 32, "one warp-sized tile of positions per CTA step");
 static_assert(kTileTokens == layout::kKeyStep, "a CTA step writes whole steps of the transposed layout");
 // The step's codes, kept for the transposed store: rows = positions; 8-byte aligned rows, and a
@@ -81,7 +87,7 @@ __device__ __forceinline__ uint4 load_chunk(const __nv_bfloat16* src) {
 //   3. encode, store row-form codes, and keep the codes in shared memory when the transposed layout
 //      is wanted; 4. (transposed) each (head, feature, 16-slot half) is one 16-byte store.
 template <bool kVecLoad, int kItems>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
     quantize_mxfp8_kernel(const __nv_bfloat16* __restrict__ x, int64_t token_stride, int64_t head_stride,
                           int total_tokens, int heads, int dim, const int32_t* __restrict__ cu_seqlens, int num_docs,
                           ScaleGeometry geometry, ScaleRule rule, bool vec_store, uint8_t* __restrict__ codes,
