@@ -358,23 +358,15 @@ template <int D, int kKeyBuffers>
 __device__ __forceinline__ void produce_items(const DkdvArgs& args, DkdvShared<D, kKeyBuffers>& sm) {
   const BackwardParams& p = args.p;
   const int tile_slots = int(slots::slot_count(p.total_tokens, p.num_docs, kKeyRows));
-  int step_uses = 0, buffer = 0;
   produce_work_items<DkdvWork>(
-      p.work_counter, tile_slots * p.kv_heads, sm.keys_ring,
+      p.work_counter, tile_slots * p.kv_heads, sm.keys_ring, sm.info,
       [&](int item, DkdvWork& w) { return find_work(p, item, tile_slots, w); },
-      [&](const DkdvWork& w, int n) {
-        publish_item(args, w, n, sm);
-        buffer = sm.keys_ring.stage(n);
-      },
-      [&](const DkdvWork& w) {
+      [&](const DkdvWork& w, int n) { publish_item(args, w, n, sm); },
+      [&](const DkdvWork&, int n, int step_uses) {
         // The item as lane 0 stored it, read from shared memory at each step rather than held in
         // registers through the step loop (the producer's registers are few).
         __syncwarp();
-        produce_steps(args, sm.info[buffer].work, step_uses, sm);
-        step_uses += w.tiles;
-      },
-      [&](int n) {
-        if (int(threadIdx.x) % 32 == 0) sm.info[sm.keys_ring.stage(n)].work.tiles = 0;
+        produce_steps(args, sm.info[sm.keys_ring.stage(n)].work, step_uses, sm);
       });
 }
 
@@ -477,13 +469,9 @@ __global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid
     run_roles<Schedule::kProducerRegisters, Schedule::kConsumerRegisters>(
         init, [&] { produce_items(args, sm); },
         [&] {
-          int step_uses = 0;
-          consume_work_items<DkdvWork>(
-              sm.keys_ring, [&](int n) { return sm.info[sm.keys_ring.stage(n)].work; },
-              [&](const DkdvWork& w, int n) {
-                consume(args, w, sm.keys_ring.stage(n), step_uses, sm);
-                step_uses += w.tiles;
-              });
+          consume_work_items<DkdvWork>(sm.keys_ring, sm.info, [&](const DkdvWork& w, int n, int step_uses) {
+            consume(args, w, sm.keys_ring.stage(n), step_uses, sm);
+          });
         });
   } else {
     // One item per CTA (launch_over_tile_slots: blockIdx.x its key tile slot, blockIdx.y its KV

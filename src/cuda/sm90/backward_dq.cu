@@ -246,9 +246,8 @@ __device__ __forceinline__ void produce(const DqArgs& args, DqShared<D>& sm) {
   const BackwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
   const int tile_slots = int(slots::slot_count(p.total_tokens, p.num_docs, kQueryRows));
-  int key_uses = 0;
   produce_work_items<DqWork>(
-      p.work_counter, tile_slots * p.q_heads, sm.rows_ring,
+      p.work_counter, tile_slots * p.q_heads, sm.rows_ring, sm.info,
       [&](int item, DqWork& w) {
         QueryTileItem it;
         if (!find_query_tile_item(p, item, tile_slots, kQueryRows, it)) return false;
@@ -272,13 +271,7 @@ __device__ __forceinline__ void produce(const DqArgs& args, DqShared<D>& sm) {
         }
         store_row_constants(p, w, lane, sm.info[b]);
       },
-      [&](const DqWork& w) {
-        produce_key_tiles(args, w, key_uses, sm);
-        key_uses += w.tiles;
-      },
-      [&](int n) {
-        if (lane == 0) sm.info[sm.rows_ring.stage(n)].work.tiles = 0;
-      });
+      [&](const DqWork& w, int, int key_uses) { produce_key_tiles(args, w, key_uses, sm); });
 }
 
 // --- consumers ---------------------------------------------------------------------------------
@@ -368,13 +361,9 @@ __global__ void __launch_bounds__(kThreads, 1) backward_dq_kernel(const __grid_c
       },
       [&] { produce(args, sm); },
       [&] {
-        int key_uses = 0;
-        consume_work_items<DqWork>(
-            sm.rows_ring, [&](int n) { return sm.info[sm.rows_ring.stage(n)].work; },
-            [&](const DqWork& w, int n) {
-              consume(args, w, sm.rows_ring.stage(n), key_uses, sm);
-              key_uses += w.tiles;
-            });
+        consume_work_items<DqWork>(sm.rows_ring, sm.info, [&](const DqWork& w, int n, int key_uses) {
+          consume(args, w, sm.rows_ring.stage(n), key_uses, sm);
+        });
       });
 }
 

@@ -194,9 +194,8 @@ __device__ __forceinline__ void produce(const ForwardArgs& args, SharedTiles<D>&
   const ForwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
   const int tile_slots = int(slots::slot_count(p.total_tokens, p.num_docs, kQueryRows));
-  int key_uses = 0;
   produce_work_items<CtaWork>(
-      p.work_counter, tile_slots * p.q_heads, sm.q_ring,
+      p.work_counter, tile_slots * p.q_heads, sm.q_ring, sm.info,
       [&](int item, CtaWork& w) { return find_work(p, item, tile_slots, w); },
       [&](const CtaWork& w, int n) {
         QueryTileInfo& info = sm.info[sm.q_ring.stage(n)];
@@ -208,13 +207,7 @@ __device__ __forceinline__ void produce(const ForwardArgs& args, SharedTiles<D>&
         }
         store_row_bytes(p, w, lane, info);
       },
-      [&](const CtaWork& w) {
-        produce_key_tiles(args, w, key_uses, sm);
-        key_uses += w.tiles;
-      },
-      [&](int n) {
-        if (lane == 0) sm.info[sm.q_ring.stage(n)].work.tiles = 0;
-      });
+      [&](const CtaWork& w, int, int key_uses) { produce_key_tiles(args, w, key_uses, sm); });
 }
 
 // The online-softmax update of a tile with row maxima tile_max (already over the quad): new
@@ -528,14 +521,10 @@ __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& 
 // A consumer warpgroup over the CTA's items (work_items.cuh's consume_work_items).
 template <int D>
 __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTiles<D>& sm) {
-  int key_uses = 0;
-  consume_work_items<CtaWork>(
-      sm.q_ring, [&](int n) { return sm.info[sm.q_ring.stage(n)].work; },
-      [&](const CtaWork& w, int n) {
-        const int b = sm.q_ring.stage(n);
-        consume(args, w, sm.info[b], sm.q[b], key_uses, sm);
-        key_uses += w.tiles;
-      });
+  consume_work_items<CtaWork>(sm.q_ring, sm.info, [&](const CtaWork& w, int n, int key_uses) {
+    const int b = sm.q_ring.stage(n);
+    consume(args, w, sm.info[b], sm.q[b], key_uses, sm);
+  });
 }
 
 template <int D>

@@ -15,43 +15,53 @@ namespace flamia::cuda::sm90 {
 __device__ __forceinline__ int first_work_item() { return int(blockIdx.x); }
 __device__ __forceinline__ int next_work_item(int* counter) { return int(gridDim.x) + atomicAdd(counter, 1); }
 
+// Items travel through buffers: item n in buffer n % kBuffers, announced in infos[n % kBuffers]
+// (any struct with a `work` member of the kernel's Work, which has a `tiles` count: the item's
+// streamed tiles, 0 for "no more items"), with whatever else the item brings along. An item's
+// streamed tiles are the uses first_use .. first_use + tiles - 1 of the kernel's tile ring, which
+// runs on across items: first_use counts the tiles of the CTA's items before it.
+
 // Producer side, one whole warp: per item n, find it (find(item, work): false for an idle item,
-// which is skipped), wait until buffer n % kBuffers is empty, publish(work, n) (lane 0 announces the
-// bytes and issues the loads of the buffer, every lane stores what it must), arrive on the buffer's
-// "full" (all lanes), then stream(work) its streamed tiles; the next item's claim is in flight
-// meanwhile. After the last item, end(n) marks buffer n as the end (e.g. an item of 0 tiles).
-template <class Work, int kBuffers, class Find, class Publish, class Stream, class End>
-__device__ __forceinline__ void produce_work_items(int* counter, int items, StageRing<kBuffers>& ring, Find find,
-                                                   Publish publish, Stream stream, End end) {
+// which is skipped), wait until buffer n % kBuffers is empty, publish(work, n) (lane 0 stores the
+// item into infos, announces the bytes and issues the loads of the buffer; every lane stores what
+// it must), arrive on the buffer's "full" (all lanes), then stream(work, n, first_use) its
+// streamed tiles; the next item's claim is in flight meanwhile. After the last item, the next
+// buffer's item has 0 tiles.
+template <class Work, int kBuffers, class Info, class Find, class Publish, class Stream>
+__device__ __forceinline__ void produce_work_items(int* counter, int items, StageRing<kBuffers>& ring,
+                                                   Info (&infos)[kBuffers], Find find, Publish publish, Stream stream) {
   const int lane = int(threadIdx.x) % 32;
   auto claim_next = [&] { return __shfl_sync(0xffffffffu, lane == 0 ? next_work_item(counter) : 0, 0); };
-  int item = first_work_item();
+  int item = first_work_item(), first_use = 0;
   for (int n = 0;; ++n) {
     Work w;
     while (item < items && !find(item, w)) item = claim_next();
     ring.wait_empty(n);
     if (item >= items) {
-      end(n);
+      if (lane == 0) infos[ring.stage(n)].work.tiles = 0;
       ring.arrive_full(n);
       return;
     }
     publish(w, n);
     ring.arrive_full(n);
     const int claimed = lane == 0 ? next_work_item(counter) : 0;
-    stream(w);
+    stream(w, n, first_use);
+    first_use += w.tiles;
     item = __shfl_sync(0xffffffffu, claimed, 0);
   }
 }
 
-// Consumer side, per warp: wait for buffer n % kBuffers, take(n) its item (an item whose `tiles` is
-// 0 ends the loop), run(work, n), release the buffer (one arrival per warp).
-template <class Work, int kBuffers, class Take, class Run>
-__device__ __forceinline__ void consume_work_items(StageRing<kBuffers>& ring, Take take, Run run) {
+// Consumer side, per warp: wait for buffer n % kBuffers, take its item from infos (0 tiles ends
+// the loop), run(work, n, first_use), release the buffer (one arrival per warp).
+template <class Work, int kBuffers, class Info, class Run>
+__device__ __forceinline__ void consume_work_items(StageRing<kBuffers>& ring, const Info (&infos)[kBuffers], Run run) {
+  int first_use = 0;
   for (int n = 0;; ++n) {
     ring.wait_full(n);
-    const Work w = take(n);
+    const Work w = infos[ring.stage(n)].work;
     if (w.tiles == 0) return;
-    run(w, n);
+    run(w, n, first_use);
+    first_use += w.tiles;
     if (threadIdx.x % 32 == 0) ring.arrive_empty(n);
   }
 }
