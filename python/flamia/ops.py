@@ -414,8 +414,9 @@ def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, 
     Returns:
         o [T, Hq, D] BF16, or (o, lse) when return_lse (lse carries no gradient).
 
-    Differentiable in q, k and v: the backward is the MXFP8 backward of DESIGN.md (deterministic;
-    in prefix isolation dq of a row depends on nothing after it).
+    Differentiable in q, k and v: the backward is the MXFP8 backward of DESIGN.md (always
+    deterministic: no atomics, so no ``deterministic`` switch; in prefix isolation dq of a row
+    depends on nothing after it).
 
     Raises:
         TypeError / ValueError naming the argument for bad Python-side input, FlamiaError (with the
