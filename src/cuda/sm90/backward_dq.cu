@@ -239,14 +239,24 @@ __device__ __forceinline__ void store_row_constants(const BackwardParams& p, con
   }
 }
 
-// One warp over the CTA's items (work_items.cuh's produce_work_items): per item, its DqWork and
-// row constants into row buffer n % 2 with its Q and dO rows, then its key tiles.
+// Two warps over the CTA's items (work_items.cuh): warp 1 publishes each item, its DqWork and row
+// constants into row buffer n % 2 with its Q and dO rows; warp 0 streams the published item's key
+// tiles. Apart, finding the next item and loading its constants (dependent global loads) overlap
+// the key tiles (one warp did both: on short documents the consumers waited for it, 35% of dQ's
+// stall samples on tiny-unaligned, session 15).
+constexpr int kProducerWarps = 2;
 template <int D>
 __device__ __forceinline__ void produce(const DqArgs& args, DqShared<D>& sm) {
+  if (threadIdx.x / 32 == 0) {
+    stream_work_items<DqWork>(sm.rows_ring, sm.info, [&](const DqWork& w, int, int key_uses) {
+      produce_key_tiles(args, w, key_uses, sm);
+    });
+    return;
+  }
   const BackwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
   const int tile_slots = int(slots::slot_count(p.total_tokens, p.num_docs, kQueryRows));
-  produce_work_items<DqWork>(
+  publish_work_items<DqWork>(
       p.work_counter, tile_slots * p.q_heads, sm.rows_ring, sm.info,
       [&](int item, DqWork& w) {
         QueryTileItem it;
@@ -270,8 +280,7 @@ __device__ __forceinline__ void produce(const DqArgs& args, DqShared<D>& sm) {
           tma_load_rows(args.g_map, sm.g[b], full, w.head, w.d.begin + w.q0);
         }
         store_row_constants(p, w, lane, sm.info[b]);
-      },
-      [&](const DqWork& w, int, int key_uses) { produce_key_tiles(args, w, key_uses, sm); });
+      });
 }
 
 // --- consumers ---------------------------------------------------------------------------------
@@ -354,7 +363,7 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, int
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1) backward_dq_kernel(const __grid_constant__ DqArgs args) {
   DqShared<D>& sm = aligned_shared_storage<DqShared<D>>();
-  run_roles<kProducerRegisters, kConsumerRegisters>(
+  run_roles<kProducerRegisters, kConsumerRegisters, kProducerWarps>(
       [&] {
         sm.ring.init(kProducerLanes, kConsumerWarps);
         sm.rows_ring.init(kProducerLanes, kConsumerWarps);

@@ -123,9 +123,12 @@ __device__ __forceinline__ T& aligned_shared_storage() {
 }
 
 // Warp specialization: thread 0 runs init (the barriers), everyone meets, then warpgroup 0 gives
-// registers back and its first warp produces while the other warpgroups take registers and consume.
-template <int kProducerRegisters, int kConsumerRegisters, class Init, class Produce, class Consume>
+// registers back and its first kProducerWarps warps produce (produce() tells them apart by
+// threadIdx.x / 32) while the other warpgroups take registers and consume.
+template <int kProducerRegisters, int kConsumerRegisters, int kProducerWarps = 1, class Init, class Produce,
+          class Consume>
 __device__ __forceinline__ void run_roles(Init init, Produce produce, Consume consume) {
+  static_assert(kProducerWarps >= 1 && kProducerWarps <= 4, "producer warps are warpgroup 0's");
   if (threadIdx.x == 0) {
     init();
     barrier_init_fence();
@@ -133,7 +136,7 @@ __device__ __forceinline__ void run_roles(Init init, Produce produce, Consume co
   __syncthreads();
   if (threadIdx.x < 128) {
     release_registers<kProducerRegisters>();
-    if (threadIdx.x < 32) produce();
+    if (threadIdx.x < 32 * kProducerWarps) produce();
   } else {
     claim_registers<kConsumerRegisters>();
     consume();

@@ -51,10 +51,12 @@ __device__ __forceinline__ void produce_work_items(int* counter, int items, Stag
   }
 }
 
-// Consumer side, per warp: wait for buffer n % kBuffers, take its item from infos (0 tiles ends
-// the loop), run(work, n, first_use), release the buffer (one arrival per warp).
-template <class Work, int kBuffers, class Info, class Run>
-__device__ __forceinline__ void consume_work_items(StageRing<kBuffers>& ring, const Info (&infos)[kBuffers], Run run) {
+// Each published item in turn, from one warp: wait for buffer n % kBuffers, take its item from infos
+// (0 tiles ends the loop), run(work, n, first_use), and with kRelease release the buffer (one
+// arrival per warp).
+template <class Work, bool kRelease, int kBuffers, class Info, class Run>
+__device__ __forceinline__ void for_each_published_item(StageRing<kBuffers>& ring, const Info (&infos)[kBuffers],
+                                                        Run run) {
   int first_use = 0;
   for (int n = 0;; ++n) {
     ring.wait_full(n);
@@ -62,8 +64,44 @@ __device__ __forceinline__ void consume_work_items(StageRing<kBuffers>& ring, co
     if (w.tiles == 0) return;
     run(w, n, first_use);
     first_use += w.tiles;
-    if (threadIdx.x % 32 == 0) ring.arrive_empty(n);
+    if (kRelease && threadIdx.x % 32 == 0) ring.arrive_empty(n);
   }
+}
+
+// Consumer side, per warp: each published item, run(work, n, first_use), then its buffer released.
+template <class Work, int kBuffers, class Info, class Run>
+__device__ __forceinline__ void consume_work_items(StageRing<kBuffers>& ring, const Info (&infos)[kBuffers], Run run) {
+  for_each_published_item<Work, true>(ring, infos, run);
+}
+
+// The producer side split over two warps, so that finding and publishing the next item (dependent
+// global loads: the document search, per-row constants) overlaps streaming this item's tiles:
+// publish_work_items is produce_work_items without the streaming (one warp), stream_work_items
+// streams each item once its buffer is full (another warp; it does not release the buffer).
+template <class Work, int kBuffers, class Info, class Find, class Publish>
+__device__ __forceinline__ void publish_work_items(int* counter, int items, StageRing<kBuffers>& ring,
+                                                   Info (&infos)[kBuffers], Find find, Publish publish) {
+  const int lane = int(threadIdx.x) % 32;
+  auto claim_next = [&] { return __shfl_sync(0xffffffffu, lane == 0 ? next_work_item(counter) : 0, 0); };
+  int item = first_work_item();
+  for (int n = 0;; ++n) {
+    Work w;
+    while (item < items && !find(item, w)) item = claim_next();
+    ring.wait_empty(n);
+    if (item >= items) {
+      if (lane == 0) infos[ring.stage(n)].work.tiles = 0;
+      ring.arrive_full(n);
+      return;
+    }
+    publish(w, n);
+    ring.arrive_full(n);
+    item = claim_next();
+  }
+}
+template <class Work, int kBuffers, class Info, class Stream>
+__device__ __forceinline__ void stream_work_items(StageRing<kBuffers>& ring, const Info (&infos)[kBuffers],
+                                                  Stream stream) {
+  for_each_published_item<Work, false>(ring, infos, stream);
 }
 
 // A (query tile slot, query head) item of the slots x heads numbering (head-major: consecutive
