@@ -343,7 +343,6 @@ __device__ __forceinline__ void publish_item(const DkdvArgs& args, const DkdvWor
                                              DkdvShared<D, kKeyBuffers>& sm) {
   const int b = sm.keys_ring.stage(n), lane = int(threadIdx.x) % 32;
   if (lane == 0) {
-    sm.info[b].work = w;
     uint64_t& full = sm.keys_ring.full_barrier(n);
     barrier_expect_bytes(full, 2 * kKeyRows * D);
     tma_load_rows(args.k_map, sm.k[b], full, w.kvh, w.d.begin + w.k0);

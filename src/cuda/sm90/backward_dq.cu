@@ -273,7 +273,6 @@ __device__ __forceinline__ void produce(const DqArgs& args, DqShared<D>& sm) {
       [&](const DqWork& w, int n) {
         const int b = sm.rows_ring.stage(n);
         if (lane == 0) {
-          sm.info[b].work = w;
           uint64_t& full = sm.rows_ring.full_barrier(n);
           barrier_expect_bytes(full, 2 * kQueryRows * D);
           tma_load_rows(args.q_map, sm.q[b], full, w.head, w.d.begin + w.q0);

@@ -200,7 +200,6 @@ __device__ __forceinline__ void produce(const ForwardArgs& args, SharedTiles<D>&
       [&](const CtaWork& w, int n) {
         QueryTileInfo& info = sm.info[sm.q_ring.stage(n)];
         if (lane == 0) {
-          info.work = w;
           uint64_t& full = sm.q_ring.full_barrier(n);
           barrier_expect_bytes(full, kQueryRows * D);
           tma_load_rows(args.q_map, sm.q[sm.q_ring.stage(n)], full, w.head, w.doc_begin + w.q0);

@@ -22,10 +22,10 @@ __device__ __forceinline__ int next_work_item(int* counter) { return int(gridDim
 // runs on across items: first_use counts the tiles of the CTA's items before it.
 
 // Producer side, one whole warp: per item n, find it (find(item, work): false for an idle item,
-// which is skipped), wait until buffer n % kBuffers is empty, publish(work, n) (lane 0 stores the
-// item into infos, announces the bytes and issues the loads of the buffer; every lane stores what
-// it must), arrive on the buffer's "full" (all lanes), then stream(work, n, first_use) its
-// streamed tiles; the next item's claim is in flight meanwhile. After the last item, the next
+// which is skipped), wait until buffer n % kBuffers is empty, store it into infos (lane 0),
+// publish(work, n) (lane 0 announces the bytes and issues the loads of the buffer; every lane
+// stores what it must), arrive on the buffer's "full" (all lanes), then stream(work, n, first_use)
+// its streamed tiles; the next item's claim is in flight meanwhile. After the last item, the next
 // buffer's item has 0 tiles.
 template <class Work, int kBuffers, class Info, class Find, class Publish, class Stream>
 __device__ __forceinline__ void produce_work_items(int* counter, int items, StageRing<kBuffers>& ring,
@@ -42,6 +42,7 @@ __device__ __forceinline__ void produce_work_items(int* counter, int items, Stag
       ring.arrive_full(n);
       return;
     }
+    if (lane == 0) infos[ring.stage(n)].work = w;
     publish(w, n);
     ring.arrive_full(n);
     const int claimed = lane == 0 ? next_work_item(counter) : 0;
@@ -93,6 +94,7 @@ __device__ __forceinline__ void publish_work_items(int* counter, int items, Stag
       ring.arrive_full(n);
       return;
     }
+    if (lane == 0) infos[ring.stage(n)].work = w;
     publish(w, n);
     ring.arrive_full(n);
     item = claim_next();
