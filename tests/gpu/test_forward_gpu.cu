@@ -4,6 +4,7 @@
 // single P codes by one step (2^-4 relative) and O by far less.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <tuple>
 
@@ -136,6 +137,43 @@ TEST(Forward, NonFiniteInputStaysInsideItsScaleGroupAndDocument) {
       EXPECT_EQ(std::isnan(gpu.o.at(t, 0, 0)), expect_nan) << to_string(mode) << " row " << t;
       EXPECT_FALSE(std::isnan(gpu.o.at(t, 1, 0))) << "head 1 reads another kv head";
     }
+  }
+}
+
+// Masked tiles fold P with v_pow_j row_pow_i where a warp's rows allow it and from the exponents
+// where V's scale jumps too far within the item (here by ~2^130, past where v_pow_j = 2^(ev_j - c)
+// overflows): both ways give the same bits, so in prefix isolation a jump after row 199 (which moves
+// the warp of rows 192..207 to the exponent way) leaves rows 0..199 bitwise unchanged, and the rows
+// after it still match the emulation.
+TEST(Forward, MaskedTilesFoldTheSameAcrossAWideVScaleJump) {
+  FLAMIA_REQUIRE_GPU();
+  constexpr int kJump = 200;
+  const auto base = analysis::random_inputs({{300, 40}, 2, 2, 64}, 11);
+  auto small = base, jump = base;
+  for (int t = 0; t < 340; ++t)
+    for (int h = 0; h < 2; ++h)
+      for (int f = 0; f < 64; ++f) {
+        small.v.at(t, h, f) = std::ldexp(base.v.at(t, h, f), -100);
+        jump.v.at(t, h, f) = std::ldexp(base.v.at(t, h, f), t >= kJump && t < 300 ? 30 : -100);
+      }
+  NumericsOptions opt;
+  opt.isolation = Isolation::kPrefix;
+  const auto before = ForwardCall(small, opt, true).run();
+  const auto after = ForwardCall(jump, opt, true).run();
+  for (int t = 0; t < 340; ++t)
+    for (int h = 0; h < 2; ++h) {
+      if (t >= kJump && t < 300) continue;
+      for (int f = 0; f < 64; ++f)
+        ASSERT_EQ(before.o.at(t, h, f), after.o.at(t, h, f)) << "token " << t << " head " << h << " feature " << f;
+      ASSERT_EQ(before.lse.at(h, t), after.lse.at(h, t)) << "token " << t << " head " << h;
+    }
+  for (Isolation mode : {Isolation::kPrefix, Isolation::kDocument}) {
+    opt.isolation = mode;
+    const auto gpu = mode == Isolation::kPrefix ? after : ForwardCall(jump, opt, true).run();
+    const auto emu = reference::mxfp8_forward(reference::quantize_inputs(jump.q, jump.k, jump.v, jump.docs, opt),
+                                              jump.docs, reference::AttentionShape{.causal = true}, opt);
+    for (double x : gpu.o.data) ASSERT_TRUE(std::isfinite(x)) << to_string(mode);
+    EXPECT_GE(compare(gpu.o.data, emu.o.data).cosine, kMinCosineVsEmulation) << to_string(mode);
   }
 }
 

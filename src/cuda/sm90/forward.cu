@@ -238,9 +238,12 @@ __device__ __forceinline__ void rescale_output(float (&o_acc)[N], const float (&
 // element by element as the emulation states it: s = S 2^eq_i 2^ek_j scale log2(e) on visible keys,
 // -inf elsewhere; p = 2^(s - m); l sums unrounded p; s is left holding p 2^(ev_j + fold_bias_i),
 // which pack_a_operand rounds to P~. Masked keys contribute an exact 0, even when their V scale is NaN.
+// The fold factor 2^(ev_j + fold_bias_i) is v_pow_j row_pow_i, as on interior tiles, when the warp's
+// rows allow it (split_fold: see consume; bitwise the same factor), else built from the exponents.
 template <int D>
 __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyTileStage<D>& st,
-                                            const float (&q_factor)[2], const int (&fold_bias)[2], int k0, int len,
+                                            const float (&q_factor)[2], const int (&fold_bias)[2],
+                                            const float (&row_pow)[2], bool split_fold, int k0, int len,
                                             bool causal, const int (&rows)[2], const bool (&row_valid)[2], int t,
                                             float (&m)[2], float (&l)[2], float (&alpha)[2]) {
   // Key k0 + 2t + c (c = 8 nb + (e & 1)) is visible to row r iff c < key_limit[r]: inside the
@@ -263,6 +266,22 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
   for (int r = 0; r < 2; ++r) tile_max[r] = quad_nan_max(tile_max[r]);
   update_running_max(tile_max, m, l, alpha);
 
+  if (split_fold) {
+#pragma unroll
+    for (int nb = 0; nb < kKeyBlocks; ++nb) {
+      const float2 vp = *reinterpret_cast<const float2*>(st.v_pow + nb * 8 + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        float& x = s[nb * 4 + e];
+        const bool visible = x != -INFINITY;
+        const float pe = exp2_ftz(x - m[r]);  // NaN where x and m are both -inf: selected away below
+        l[r] += visible ? pe : 0.f;
+        x = visible ? pe * (((e & 1) ? vp.y : vp.x) * row_pow[r]) : 0.f;
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int nb = 0; nb < kKeyBlocks; ++nb) {
     const uchar2 vs = *reinterpret_cast<const uchar2*>(st.v_scale + nb * 8 + 2 * t);
@@ -419,12 +438,12 @@ __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& 
   const float scale_log2e = p.softmax_scale * kLog2e;
 
   float q_factor[2];
+  int rho_exp[2];    // rho_i: the running max of V's exponents over visible keys (not causal: all keys)
   int fold_bias[2];  // boost - rho_i: the P operand is p * 2^(ev_j + fold_bias), never above 2^boost
   for (int r = 0; r < 2; ++r) {
     q_factor[r] = pow2_of_scale(info.q_scale[tile_rows[r]]) * scale_log2e;
-    // rho_i: the running max of V's exponents over visible keys (the whole document if not causal).
-    const int rho_exp = scale_exponent(info.fold_ref[tile_rows[r]]);
-    fold_bias[r] = rho_exp == kNaNExponent ? kNaNExponent : p.p_boost_log2 - rho_exp;
+    rho_exp[r] = scale_exponent(info.fold_ref[tile_rows[r]]);
+    fold_bias[r] = rho_exp[r] == kNaNExponent ? kNaNExponent : p.p_boost_log2 - rho_exp[r];
   }
   // Interior tiles (every key visible to every row) split the V fold 2^(ev_j + fold_bias_i) into
   // v_pow_j = 2^(ev_j - c) (the producer's) and row_pow_i = 2^(fold_bias_i + c), with c = rho of
@@ -436,6 +455,18 @@ __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& 
   // outputs are never stored, and rows do not mix in the products.)
   float row_pow[2];
   for (int r = 0; r < 2; ++r) row_pow[r] = pow2i(add_exponents(fold_bias[r], w.c_exp));
+  // Masked tiles may fold with v_pow_j row_pow_i too, where every row of the warp has
+  // 0 <= rho_i - c <= kMaxFoldSplit (rows past the document end see no key): a visible key has
+  // ev_j <= rho_i, so v_pow_j = 2^(ev_j - c) <= 2^kMaxFoldSplit and row_pow_i = 2^(boost - rho_i + c)
+  // >= 2^-kMaxFoldSplit; where v_pow_j is normal the product is exact, and where it is below 2^-126
+  // the fold is below 2^(boost - 126) either way, which E4M3 encodes as 0. So P~ is bitwise the same
+  // on both ways, and a warp's choice (which rows after row i may sway) changes no bit of row i.
+  constexpr int kMaxFoldSplit = 120;
+  bool row_splits[2];
+  for (int r = 0; r < 2; ++r)
+    row_splits[r] = !row_valid[r] || (rho_exp[r] != kNaNExponent && w.c_exp != kNaNExponent &&
+                                      rho_exp[r] - w.c_exp >= 0 && rho_exp[r] - w.c_exp <= kMaxFoldSplit);
+  const bool split_fold = __all_sync(0xffffffffu, row_splits[0] && row_splits[1]);
 
   float o_acc[D / 2];  // the m64nD accumulator: [n8 block][4] flattened
   zero(o_acc);
@@ -458,7 +489,8 @@ __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& 
       if (p.group_scales) interior_tile_grouped(s, st, q_factor, row_pow, m, l, alpha);
       else interior_tile(s, st, q_factor, row_pow, t, m, l, alpha);
     } else
-      masked_tile(s, st, q_factor, fold_bias, k0, w.len, p.causal, rows, row_valid, t, m, l, alpha);
+      masked_tile(s, st, q_factor, fold_bias, row_pow, split_fold, k0, w.len, p.causal, rows, row_valid, t, m, l,
+                  alpha);
   };
   auto issue_s = [&](int i) {
     rows_product<D, kKeyTile, kRowsLayout>(s, q_rows, sm.stage[sm.ring.stage(key_uses + i)].k);
