@@ -162,8 +162,7 @@ def _run_forward(q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolati
     return o, lse
 
 
-@torch.library.custom_op("flamia::attention_forward", mutates_args=())
-def attention_forward(
+def _forward_impl(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -182,6 +181,9 @@ def attention_forward(
 
     return _run_forward(q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry,
                         scale_rule, "forward", launch)
+
+
+attention_forward = torch.library.custom_op("flamia::attention_forward", _forward_impl, mutates_args=())
 
 
 @attention_forward.register_fake
@@ -224,8 +226,7 @@ def _run_backward(dout, o, lse, cu_seqlens, max_seqlen, kv_heads, causal, softma
     return dq, dk, dv
 
 
-@torch.library.custom_op("flamia::attention_backward", mutates_args=())
-def attention_backward(
+def _backward_impl(
     dout: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -257,6 +258,9 @@ def attention_backward(
                          scale_geometry, scale_rule, "backward", launch)
 
 
+attention_backward = torch.library.custom_op("flamia::attention_backward", _backward_impl, mutates_args=())
+
+
 @attention_backward.register_fake
 def _attention_backward_fake(dout, q, k, v, o, lse, cu_seqlens, max_seqlen, causal, softmax_scale, isolation,
                              scale_geometry, scale_rule):
@@ -265,8 +269,7 @@ def _attention_backward_fake(dout, q, k, v, o, lse, cu_seqlens, max_seqlen, caus
             v.new_empty(v.shape, dtype=torch.bfloat16))
 
 
-@torch.library.custom_op("flamia::attention_forward_train", mutates_args=())
-def attention_forward_train(
+def _forward_train_impl(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -294,6 +297,10 @@ def attention_forward_train(
     return o, lse, saved[0]
 
 
+attention_forward_train = torch.library.custom_op("flamia::attention_forward_train", _forward_train_impl,
+                                                  mutates_args=())
+
+
 @attention_forward_train.register_fake
 def _attention_forward_train_fake(q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry,
                                   scale_rule):
@@ -305,8 +312,7 @@ def _attention_forward_train_fake(q, k, v, cu_seqlens, max_seqlen, causal, softm
             q.new_empty((q_heads, tokens), dtype=torch.float32), q.new_empty((saved_bytes,), dtype=torch.uint8))
 
 
-@torch.library.custom_op("flamia::attention_backward_saved", mutates_args=())
-def attention_backward_saved(
+def _backward_saved_impl(
     dout: torch.Tensor,
     saved_codes: torch.Tensor,
     o: torch.Tensor,
@@ -336,6 +342,10 @@ def attention_backward_saved(
 
     return _run_backward(dout, o, lse, cu_seqlens, max_seqlen, kv_heads, causal, softmax_scale, isolation,
                          scale_geometry, scale_rule, "backward_saved", launch)
+
+
+attention_backward_saved = torch.library.custom_op("flamia::attention_backward_saved", _backward_saved_impl,
+                                                   mutates_args=())
 
 
 @attention_backward_saved.register_fake
@@ -381,14 +391,44 @@ def _setup_context_train(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _backward_train(ctx, grad_o, grad_lse, grad_saved):
-    saved, o, lse, cu_seqlens = ctx.saved_tensors
-    grad_o = _defined_gradient(grad_o, o)
-    dq, dk, dv = attention_backward_saved(grad_o, saved, o, lse, cu_seqlens, *ctx.arguments)
-    return dq, dk, dv, None, None, None, None, None, None, None
+def _backward_train_through(backward_saved):
+    """The training pair's backward, running backward_saved: the custom op (traceable) or its
+    implementation (the eager path below)."""
+    def backward(ctx, grad_o, grad_lse, grad_saved):
+        saved, o, lse, cu_seqlens = ctx.saved_tensors
+        grad_o = _defined_gradient(grad_o, o)
+        dq, dk, dv = backward_saved(grad_o, saved, o, lse, cu_seqlens, *ctx.arguments)
+        return dq, dk, dv, None, None, None, None, None, None, None
+    return backward
 
 
-attention_forward_train.register_autograd(_backward_train, setup_context=_setup_context_train)
+attention_forward_train.register_autograd(_backward_train_through(attention_backward_saved),
+                                          setup_context=_setup_context_train)
+
+
+class _EagerTrainingCall(torch.autograd.Function):
+    """The training pair without the custom-op dispatcher: the same implementations, context and
+    backward as attention_forward_train's autograd registration, for plain eager calls (the
+    dispatcher and the custom op's autograd wrapper cost host time in front of the first kernel,
+    which a short call's GPU waits for)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _forward_train_impl(*inputs)
+        _setup_context_train(ctx, inputs, output)
+        return output
+
+    backward = staticmethod(_backward_train_through(_backward_saved_impl))
+
+
+def _plain_eager(*tensors):
+    """Whether nothing traces or intercepts this call (no torch.compile, no fake or subclass
+    tensors, no torch function or dispatch mode), so the custom ops' implementations may be called
+    directly; otherwise the custom ops run, whose fake implementations and schemas tracing needs."""
+    if torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in tensors):
+        return False
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    return not torch._C._is_torch_function_mode_enabled() and _get_current_dispatch_mode() is None
 
 
 def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, isolation="document",
@@ -431,8 +471,12 @@ def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, 
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     arguments = (q, k, v, cu_seqlens, max_seqlen, bool(causal), float(softmax_scale), isolation, scale_geometry,
                  scale_rule)
-    if save_codes and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        o, lse, _ = attention_forward_train(*arguments)
+    eager = _plain_eager(q, k, v, cu_seqlens)
+    differentiable = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if differentiable and save_codes:
+        o, lse, _ = (_EagerTrainingCall.apply if eager else attention_forward_train)(*arguments)
+    elif eager and not differentiable:
+        o, lse = _forward_impl(*arguments)
     else:
         o, lse = attention_forward(*arguments)
     if return_lse:

@@ -348,6 +348,52 @@ def test_saved_codes_give_bitwise_the_same_gradients():
     assert torch.equal(q1.grad, eager[1]) and torch.equal(k1.grad, eager[2]) and torch.equal(v1.grad, eager[3])
 
 
+def test_eager_path_matches_the_custom_ops_bitwise():
+    # Plain eager calls run the custom ops' implementations without the dispatcher (less host time
+    # per call); the custom ops themselves (what torch.compile traces) give the same bits.
+    from flamia import ops
+    q, k, v, cu = make_inputs(LENS, 8, 2, 128, seed=21)
+    dout = make_dout(q, 22)
+    args = (q, k, v, cu, max(LENS), True, 0.125, "document", "block32", "ceil")
+    assert ops._plain_eager(q, k, v, cu)
+    with torch.no_grad():
+        o_eager = flamia.attention(*args[:5], softmax_scale=0.125)
+    assert torch.equal(o_eager, ops.attention_forward(*args)[0])
+
+    o_eager, dq, dk, dv = flamia_grads(q, k, v, dout, cu, LENS, softmax_scale=0.125)
+    q1, k1, v1 = (t.detach().requires_grad_(True) for t in (q, k, v))
+    o_op = ops.attention_forward_train(q1, k1, v1, *args[3:])[0]
+    o_op.backward(dout)
+    assert torch.equal(o_eager, o_op.detach())
+    assert torch.equal(dq, q1.grad) and torch.equal(dk, k1.grad) and torch.equal(dv, v1.grad)
+
+
+def test_traced_or_intercepted_calls_take_the_custom_ops():
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from flamia import ops
+
+    class Logging(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    q, k, v, cu = make_inputs(LENS, 4, 4, 64, seed=23)
+    with Logging() as mode:
+        assert not ops._plain_eager(q, k, v, cu)
+        o = flamia.attention(q, k, v, cu, max(LENS))
+    assert any("flamia.attention_forward" in name for name in mode.ops), mode.ops
+    assert torch.equal(o, flamia.attention(q, k, v, cu, max(LENS)))
+    with FakeTensorMode() as fake:
+        fq, fk, fv, fcu = (fake.from_tensor(t) for t in (q, k, v, cu))
+        assert not ops._plain_eager(fq, fk, fv, fcu)
+        assert flamia.attention(fq, fk, fv, fcu, max(LENS)).shape == q.shape
+
+
 def test_lse_carries_no_gradient():
     q, k, v, cu = make_inputs(LENS, 4, 4, 64)
     q.requires_grad_(True)
