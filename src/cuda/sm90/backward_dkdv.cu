@@ -177,15 +177,14 @@ __device__ __forceinline__ void masked_pu(const float (&s)[kQueryTile / 2], floa
       for (int el = 0; el < 4; ++el) {
         const int x = (kk * 4 + b) * 4 + el;
         const int r = el >> 1, i = (kk * 4 + b) * 8 + 2 * t + (el & 1);
-        float pv = 0.f, w = 0.f;
-        if (visible(q0 + i, q_first[r], len)) {
-          const float4 c = qc.c[i];  // q_pow, g_pow, p_fold, -lse2
-          const float pij = exp2f(s[x] * k_factor[r] * c.x + c.w);
-          const float eij = e[x] * v_pow[r] * c.y;
-          pv = pij * c.z;
-          w = pij * (eij - qc.delta[i]) * c.x;
-        }
-        pf[b][el] = pv;
+        // Computed on every pair and selected (a branch per element made the masked step cost
+        // several interior ones); an invisible pair's inputs are finite or selected away.
+        const bool pair_visible = visible(q0 + i, q_first[r], len);
+        const float4 c = qc.c[i];  // q_pow, g_pow, p_fold, -lse2
+        const float pij = exp2f(s[x] * k_factor[r] * c.x + c.w);
+        const float eij = e[x] * v_pow[r] * c.y;
+        const float w = pair_visible ? pij * (eij - qc.delta[i]) * c.x : 0.f;
+        pf[b][el] = pair_visible ? pij * c.z : 0.f;
         e[x] = w;
         amax[r] = nan_max(amax[r], fabsf(w));
       }
