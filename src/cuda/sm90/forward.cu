@@ -57,7 +57,7 @@ static_assert(kQueryRows == tiling::kFwdQueryTile && tiling::kFwdKeyTile % kQuer
 // Registers per thread after the hand-over: 128 x 40 + 256 x 232 = 64512, what the launch allocates
 // (168 x 384): an increase waits for registers that decreases gave back, so the two must balance.
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
-constexpr int kProducerLanes = 32;   // the producer warp: all of it arrives on "full"
+constexpr int kProducerLanes = 32;   // per ring, its producer warp (Q: the publisher; keys: the streamer)
 constexpr int kConsumerWarps = 4 * kConsumers;  // each arrives on "empty"
 
 // One key tile's operands; stages of the ring are 1024-byte aligned, as the 128-byte swizzle of
@@ -186,15 +186,25 @@ __device__ __forceinline__ void store_row_bytes(const ForwardParams& p, const Ct
   }
 }
 
-// One warp over the CTA's items (work_items.cuh's produce_work_items): per item, its CtaWork and
-// row bytes into Q buffer n % 2 with its Q tile, then its key tiles. No more items: an item of 0
-// tiles ends the consumers.
+// Two warps over the CTA's items (work_items.cuh): warp 1 publishes each item, its CtaWork and row
+// bytes into Q buffer n % 2 with its Q tile; warp 0 streams the published item's key tiles. Apart,
+// finding the next item (the document search) and loading its row bytes (dependent global loads)
+// overlap the key tiles: with one warp doing both, the consumers waited at the start of an item
+// (3.2% of the forward's stall samples at 16x4096, session 16). No more items: an item of 0 tiles
+// ends the consumers.
+constexpr int kProducerWarps = 2;
 template <int D>
 __device__ __forceinline__ void produce(const ForwardArgs& args, SharedTiles<D>& sm) {
+  if (threadIdx.x / 32 == 0) {
+    stream_work_items<CtaWork>(sm.q_ring, sm.info, [&](const CtaWork& w, int, int key_uses) {
+      produce_key_tiles(args, w, key_uses, sm);
+    });
+    return;
+  }
   const ForwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
   const int tile_slots = int(slots::slot_count(p.total_tokens, p.num_docs, kQueryRows));
-  produce_work_items<CtaWork>(
+  publish_work_items<CtaWork>(
       p.work_counter, tile_slots * p.q_heads, sm.q_ring, sm.info,
       [&](int item, CtaWork& w) { return find_work(p, item, tile_slots, w); },
       [&](const CtaWork& w, int n) {
@@ -205,8 +215,7 @@ __device__ __forceinline__ void produce(const ForwardArgs& args, SharedTiles<D>&
           tma_load_rows(args.q_map, sm.q[sm.q_ring.stage(n)], full, w.head, w.doc_begin + w.q0);
         }
         store_row_bytes(p, w, lane, info);
-      },
-      [&](const CtaWork& w, int, int key_uses) { produce_key_tiles(args, w, key_uses, sm); });
+      });
 }
 
 // The online-softmax update of a tile with row maxima tile_max (already over the quad): new
@@ -574,7 +583,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   __syncthreads();
   if (threadIdx.x < 128) {
     release_registers<kProducerRegisters>();
-    if (threadIdx.x < 32) produce(args, sm);
+    if (threadIdx.x < 32 * kProducerWarps) produce(args, sm);
   } else {
     claim_registers<kConsumerRegisters>();
     consume_items(args, sm);
