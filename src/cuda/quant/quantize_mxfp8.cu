@@ -106,8 +106,10 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
   // The loop and the idle-slot skip are uniform over the CTA, so the barriers inside are safe.
   const int64_t slot_count = slots::slot_count(total_tokens, num_docs, kTileTokens);
   for (int64_t slot = blockIdx.x; slot < slot_count; slot += gridDim.x) {
+    // Each warp finds the slot's document with a 32-way search: ceil(log32(num_docs)) dependent
+    // loads where a binary search took log2(num_docs), ahead of every load of the step.
     DocumentTile work;
-    if (!document_tile(cu_seqlens, num_docs, total_tokens, kTileTokens, slot, work)) {
+    if (!document_tile_warp(cu_seqlens, num_docs, total_tokens, kTileTokens, slot, work)) {
       // An idle slot: its step of the transposed layout holds no token. Zero it, so that the whole
       // layout is defined (the attention kernels' tile loads run past a document's end).
       if (transposed_codes) {
@@ -125,9 +127,8 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
     const int rows = scale_group_end(p0, ScaleGeometry::kBlock32, d.len) - p0;
     const int t0 = d.begin + p0;
 
-    // 1. Loads and amax. (row_amax was last read before the previous step's phase-2 barrier.)
-    for (int i = int(threadIdx.x); i < kHeadsPerCta * kTileTokens; i += kThreads) (&row_amax[0][0])[i] = 0u;
-    __syncthreads();
+    // 1. Loads and amax. The loads are issued first, so that zeroing row_amax and its barrier
+    // overlap them. (row_amax was last read before the previous step's phase-2 barrier.)
     uint4 v[kHeadsPerCta][kItems];
 #pragma unroll
     for (int hh = 0; hh < kHeadsPerCta; ++hh)
@@ -140,6 +141,8 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
           v[hh][k] = load_chunk<kVecLoad>(x + int64_t(t0 + r) * token_stride + int64_t(h_first + hh) * head_stride +
                                           c * kChunk);
       }
+    for (int i = int(threadIdx.x); i < kHeadsPerCta * kTileTokens; i += kThreads) (&row_amax[0][0])[i] = 0u;
+    __syncthreads();
 #pragma unroll
     for (int hh = 0; hh < kHeadsPerCta; ++hh) {
       uint32_t local = 0;  // padding chunks are zero: they never raise a max
