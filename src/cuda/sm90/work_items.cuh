@@ -77,28 +77,12 @@ __device__ __forceinline__ void consume_work_items(StageRing<kBuffers>& ring, co
 
 // The producer side split over two warps, so that finding and publishing the next item (dependent
 // global loads: the document search, per-row constants) overlaps streaming this item's tiles:
-// publish_work_items is produce_work_items without the streaming (one warp), stream_work_items
+// publish_work_items is produce_work_items with nothing to stream (one warp), stream_work_items
 // streams each item once its buffer is full (another warp; it does not release the buffer).
 template <class Work, int kBuffers, class Info, class Find, class Publish>
 __device__ __forceinline__ void publish_work_items(int* counter, int items, StageRing<kBuffers>& ring,
                                                    Info (&infos)[kBuffers], Find find, Publish publish) {
-  const int lane = int(threadIdx.x) % 32;
-  auto claim_next = [&] { return __shfl_sync(0xffffffffu, lane == 0 ? next_work_item(counter) : 0, 0); };
-  int item = first_work_item();
-  for (int n = 0;; ++n) {
-    Work w;
-    while (item < items && !find(item, w)) item = claim_next();
-    ring.wait_empty(n);
-    if (item >= items) {
-      if (lane == 0) infos[ring.stage(n)].work.tiles = 0;
-      ring.arrive_full(n);
-      return;
-    }
-    if (lane == 0) infos[ring.stage(n)].work = w;
-    publish(w, n);
-    ring.arrive_full(n);
-    item = claim_next();
-  }
+  produce_work_items<Work>(counter, items, ring, infos, find, publish, [](const Work&, int, int) {});
 }
 template <class Work, int kBuffers, class Info, class Stream>
 __device__ __forceinline__ void stream_work_items(StageRing<kBuffers>& ring, const Info (&infos)[kBuffers],
