@@ -2,7 +2,10 @@
 ``flamia::attention_backward``, and the training pair ``flamia::attention_forward_train`` (which
 also returns q, k and v's codes) and ``flamia::attention_backward_saved`` (which reads them instead
 of quantizing q, k and v again), each with a fake implementation for torch.compile; the autograd
-registrations that tie each pair together; and the public ``attention``.
+registrations that tie each pair together; and the public ``attention``, which on plain eager calls
+runs the custom ops' implementations directly (the dispatcher costs host time in front of the first
+kernel) and otherwise (torch.compile, fake or subclass tensors, torch function or dispatch modes)
+the custom ops.
 
 The ops call the C API (``flamia_forward``, ``flamia_backward``) through ctypes on torch's current
 CUDA stream. They allocate their outputs and workspaces with torch (so CUDA graph capture uses the
