@@ -6,8 +6,10 @@
 
 (scripts/profile_gpu.sh --sass does both for every attention kernel.) The report must hold the
 SourceCounters section. Prints the stall reasons summed over the kernel, the opcode mix (share of
-executed warp instructions and of stall samples), and the instructions with the most samples, each
-with its three largest stall reasons.
+executed warp instructions and of stall samples), the samples by how often an instruction ran
+(instructions of one loop body share a count, so code that runs once per work item and code that
+runs once per tile fall into different groups; wait loops spin a varying number of times), and the
+instructions with the most samples, each with its three largest stall reasons.
 """
 import argparse
 import collections
@@ -33,6 +35,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("csv", help="ncu --page source --csv --print-source sass output")
     p.add_argument("--top", type=int, default=40, help="instructions to list (default 40)")
+    p.add_argument("--groups", type=int, default=8, help="execution-count groups to list (default 8)")
     args = p.parse_args(argv)
     rows = list(csv.reader(open(args.csv, newline="")))
     header_at = next((i for i, r in enumerate(rows) if "Address" in r and "Source" in r), None)
@@ -66,6 +69,15 @@ def main(argv=None):
     print(f"executed warp instructions: {all_executed:.0f}")
     for op, v in executed.most_common(25):
         print(f"  {op:10s} {100 * v / all_executed:5.1f}% executed  {100 * sampled[op] / all_sampled:5.1f}% of samples")
+
+    by_runs = collections.defaultdict(lambda: [0.0, 0])  # runs (3 significant digits) -> [samples, instructions]
+    for r in data:
+        runs = float(f"{number(r[col[executed_col]]):.3g}")
+        by_runs[runs][0] += number(r[col[samples_col]])
+        by_runs[runs][1] += 1
+    print(f"--- stall samples by runs per instruction (the {args.groups} largest groups)")
+    for runs, (samples, count) in sorted(by_runs.items(), key=lambda kv: -kv[1][0])[:args.groups]:
+        print(f"  {runs:>12.3g} runs  {count:5d} instructions  {100 * samples / all_sampled:5.1f}% of samples")
 
     print(f"--- top {args.top} instructions by stall samples")
     for r in sorted(data, key=lambda r: -number(r[col[samples_col]]))[:args.top]:

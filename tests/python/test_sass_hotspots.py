@@ -39,6 +39,11 @@ def test_reasons_opcodes_and_top_instructions(tmp_path, capsys):
     ffma = next(line for line in out if line.strip().startswith("FFMA"))
     assert ffma.split()[1:3] == ["80.0%", "executed"]  # predicated FFMA counts as FFMA: 400 of 500
     assert "40.0% of samples" in ffma
+    groups = out[out.index("--- stall samples by runs per instruction (the 8 largest groups)") + 1:
+                 out.index("--- top 2 instructions by stall samples")]
+    # 0x20 and the DEPBAR ran 100 times each (10 + 60 samples), 0x10 300 times (30).
+    assert [line.split() for line in groups] == [["100", "runs", "2", "instructions", "70.0%", "of", "samples"],
+                                                 ["300", "runs", "1", "instructions", "30.0%", "of", "samples"]]
     top = out[out.index("--- top 2 instructions by stall samples") + 1:]
     assert len(top) == 2 and "WARPGROUP.DEPBAR" in top[0] and "barrier:60" in top[0]
     assert top[1].split()[0] == "0x10"
