@@ -266,8 +266,7 @@ __device__ __forceinline__ void produce(const DqArgs& args, DqShared<D>& sm) {
         w.q0 = it.q0;
         w.head = it.head;
         w.kvh = it.kvh;
-        const int last_key = p.causal ? min(w.q0 + kQueryRows, w.d.len) - 1 : w.d.len - 1;
-        w.tiles = last_key / kKeyTile + 1;
+        w.tiles = it.key_tiles(p.causal, kQueryRows, kKeyTile);
         return true;
       },
       [&](const DqWork& w, int n) {

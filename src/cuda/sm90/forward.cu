@@ -167,8 +167,7 @@ __device__ __forceinline__ bool find_work(const ForwardParams& p, int item, int 
   w.q0 = it.q0;
   w.head = it.head;
   w.kvh = it.kvh;
-  const int last_row = min(w.q0 + kQueryRows, w.len) - 1;
-  w.tiles = (p.causal ? last_row : w.len - 1) / kKeyTile + 1;
+  w.tiles = it.key_tiles(p.causal, kQueryRows, kKeyTile);
   w.c_exp = scale_exponent(p.v_fold_ref[size_t(p.causal ? w.doc_begin + w.q0 : w.doc_end - 1) * p.kv_heads + w.kvh]);
   return true;
 }

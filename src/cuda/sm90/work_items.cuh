@@ -96,6 +96,11 @@ __device__ __forceinline__ void stream_work_items(StageRing<kBuffers>& ring, con
 struct QueryTileItem {
   DocumentSpan span;
   int doc, q0, head, kvh;
+  // The key tiles of key_tile keys that the item's rows see: up to the last row (causal) or the
+  // document's end.
+  __device__ int key_tiles(bool causal, int rows, int key_tile) const {
+    return ((causal ? min(q0 + rows, span.len) : span.len) - 1) / key_tile + 1;
+  }
 };
 __device__ __forceinline__ bool find_query_tile_item(const AttentionShape& p, int item, int tile_slots, int rows,
                                                      QueryTileItem& out) {
