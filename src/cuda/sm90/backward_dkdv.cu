@@ -83,11 +83,24 @@ struct alignas(1024) DkdvQueryStage {
   QueryTileConsts consts;
 };
 // The (query head, query tile) steps of an item, in order: each head of the KV group, and for it the
-// 64-query tiles (counted from the document start) from q_begin to the document end.
+// 64-query tiles (counted from the document start) from q_begin to the document end. A step's
+// (head, tile) comes from a cursor walked step by step (first, next) or from the step's number
+// (at: a division by a runtime value, ~25 instructions).
 struct QuerySteps {
-  int first_head, q_begin, tiles_per_head;
-  __device__ int head(int step) const { return first_head + step / tiles_per_head; }
-  __device__ int q0(int step) const { return q_begin + step % tiles_per_head * kQueryTile; }
+  int first_head, q_begin, q_end;  // q_end: q_begin + the tiles per head * kQueryTile
+  struct Cursor {
+    int head, q0;
+  };
+  __device__ Cursor first() const { return {first_head, q_begin}; }
+  __device__ Cursor next(Cursor c) const {
+    c.q0 += kQueryTile;
+    if (c.q0 == q_end) c = {c.head + 1, q_begin};
+    return c;
+  }
+  __device__ Cursor at(int step) const {
+    const int tiles_per_head = (q_end - q_begin) / kQueryTile;
+    return {first_head + step / tiles_per_head, q_begin + step % tiles_per_head * kQueryTile};
+  }
 };
 // One work item, what the producer finds and hands the consumers with its key rows.
 struct DkdvWork {
@@ -278,10 +291,12 @@ __device__ __forceinline__ void produce_steps(const DkdvArgs& args, const DkdvWo
   const BackwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
   const int doc_slot = int(layout::transposed_document_start(w.d.begin, w.doc));
-  auto load_inputs = [&](int step) { return load_query_inputs(p, w.d, w.steps.head(step), w.steps.q0(step), lane); };
-  QueryInputs next = load_inputs(0);
+  auto load_inputs = [&](QuerySteps::Cursor c) { return load_query_inputs(p, w.d, c.head, c.q0, lane); };
+  QuerySteps::Cursor at = w.steps.first();
+  QueryInputs next = load_inputs(at);
   for (int step = 0; step < w.tiles; ++step) {
-    const int h = w.steps.head(step), q0 = w.steps.q0(step), use = step_uses + step;
+    const int h = at.head, q0 = at.q0, use = step_uses + step;
+    at = w.steps.next(at);
     DkdvQueryStage<D>& st = sm.stage[sm.ring.stage(use)];
     const QueryInputs inputs = next;
     sm.ring.wait_empty(use);
@@ -293,7 +308,7 @@ __device__ __forceinline__ void produce_steps(const DkdvArgs& args, const DkdvWo
       tma_load_transposed(args.qt_map, st.qt, full, h, D, doc_slot + q0);
       tma_load_transposed(args.gt_map, st.gt, full, h, D, doc_slot + q0);
     }
-    if (step + 1 < w.tiles) next = load_inputs(step + 1);
+    if (step + 1 < w.tiles) next = load_inputs(at);
     store_query_consts(inputs, w.gamma, p.p_boost_log2, lane, st.consts);
     sm.ring.arrive_full(use);
   }
@@ -317,8 +332,9 @@ __device__ __forceinline__ bool find_work(const BackwardParams& p, int item, int
     gamma_code = uint8_t(max(int(gamma_code), int(p.g_scale_prefix_max[int64_t(w.d.end - 1) * p.q_heads + h])));
   w.gamma = scale_exponent(gamma_code);
   const int q_begin = p.causal ? w.k0 : 0;  // k0 is a multiple of kQueryTile: a query tile start
-  w.steps = QuerySteps{w.kvh * group, q_begin, (w.d.len - q_begin + kQueryTile - 1) / kQueryTile};
-  w.tiles = group * w.steps.tiles_per_head;
+  const int tiles_per_head = (w.d.len - q_begin + kQueryTile - 1) / kQueryTile;
+  w.steps = QuerySteps{w.kvh * group, q_begin, q_begin + tiles_per_head * kQueryTile};
+  w.tiles = group * tiles_per_head;
   return true;
 }
 
@@ -397,8 +413,13 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
   float dk_acc[D / 2], dv_acc[D / 2];
   zero(dk_acc);
   zero(dv_acc);
-  for (int step = 0; step < w.tiles; ++step) {
-    const int q0 = w.steps.q0(step), use = step_uses + step;
+  // The step's query tile: by cursor in the grid kernel (the division per step was ~4% of its
+  // time at 16x4096), by division in the persistent one (at 232 registers it measured 5% slower
+  // on tiny-unaligned carrying the cursor from step to step; session 17).
+  constexpr bool kWalk = kKeyBuffers == DkdvSchedule<false>::kKeyBuffers;
+  QuerySteps::Cursor at = w.steps.first();
+  for (int step = 0; step < w.tiles; ++step, at = w.steps.next(at)) {
+    const int q0 = kWalk ? at.q0 : w.steps.at(step).q0, use = step_uses + step;
     const DkdvQueryStage<D>& st = sm.stage[sm.ring.stage(use)];
     sm.ring.wait_full(use);
 
