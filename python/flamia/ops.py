@@ -424,14 +424,27 @@ class _EagerTrainingCall(torch.autograd.Function):
     backward = staticmethod(_backward_train_through(_backward_saved_impl))
 
 
+def _mode_probes():
+    """torch's (private) tests for an active torch function mode and dispatch mode, or None where
+    this torch lacks either: then every call takes the custom ops, which are always right."""
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+        return torch._C._is_torch_function_mode_enabled, _get_current_dispatch_mode
+    except (ImportError, AttributeError):
+        return None
+
+
+_MODE_PROBES = _mode_probes()
+
+
 def _plain_eager(*tensors):
     """Whether nothing traces or intercepts this call (no torch.compile, no fake or subclass
     tensors, no torch function or dispatch mode), so the custom ops' implementations may be called
     directly; otherwise the custom ops run, whose fake implementations and schemas tracing needs."""
-    if torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in tensors):
+    if _MODE_PROBES is None or torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in tensors):
         return False
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-    return not torch._C._is_torch_function_mode_enabled() and _get_current_dispatch_mode() is None
+    function_mode_enabled, current_dispatch_mode = _MODE_PROBES
+    return not function_mode_enabled() and current_dispatch_mode() is None
 
 
 def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, isolation="document",

@@ -394,6 +394,21 @@ def test_traced_or_intercepted_calls_take_the_custom_ops():
         assert flamia.attention(fq, fk, fv, fcu, max(LENS)).shape == q.shape
 
 
+def test_a_torch_without_the_mode_probes_takes_the_custom_ops(monkeypatch):
+    # _plain_eager leans on two private torch functions; where a torch lacks them, every call must
+    # take the custom ops (the same bits), not raise.
+    from flamia import ops
+
+    q, k, v, cu = make_inputs(LENS, 4, 4, 64, seed=29)
+    dout = make_dout(q, seed=31)
+    o_eager, *grads_eager = flamia_grads(q, k, v, dout, cu, LENS)
+    monkeypatch.setattr(ops, "_MODE_PROBES", None)
+    assert not ops._plain_eager(q, k, v, cu)
+    o_ops, *grads_ops = flamia_grads(q, k, v, dout, cu, LENS)
+    assert torch.equal(o_ops, o_eager)
+    assert all(torch.equal(a, b) for a, b in zip(grads_ops, grads_eager))
+
+
 def test_lse_carries_no_gradient():
     q, k, v, cu = make_inputs(LENS, 4, 4, 64)
     q.requires_grad_(True)
