@@ -13,7 +13,8 @@
 //   3. The scale comes from the shared FLAMIA_HD codec formats::scale_for_amax, evaluated in
 //      double exactly as on the host (frexp, comparisons, integer arithmetic: exact in CUDA's
 //      double math), once per group.
-//   4. The codes come from detail::encode_scaled_e4m3x2: one float multiply by 2^-e and the
+//   4. The codes come from detail::encode_scaled_e4m3x2 (its two halves: inverse_scale once per
+//      row and scale group, encode_e4m3x2 per pair): one float multiply by 2^-e and the
 //      hardware E4M3 conversion per pair of values. It equals the shared codec
 //      formats::encode_scaled_e4m3 on its whole domain (every finite BF16 value under every
 //      scale: Gpu.E4m3PairConversionMatchesTheSharedCodecExhaustively); the double codec made
@@ -94,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
                           uint8_t* __restrict__ transposed_codes, uint8_t* __restrict__ scales) {
   // Per (head of the CTA, row): sign-cleared BF16 amax patterns (block32 uses row 0) and scales.
   __shared__ uint32_t row_amax[kHeadsPerCta][kTileTokens];
-  __shared__ uint8_t row_scale[kHeadsPerCta][kTileTokens];
+  __shared__ float row_inverse_scale[kHeadsPerCta][kTileTokens];  // detail::inverse_scale of each row's scale
   __shared__ __align__(16) uint8_t tile_codes[kHeadsPerCta][kTileTokens * kTilePitch];
   const int64_t transposed_pitch = layout::transposed_tokens(total_tokens, num_docs);
   // This CTA's heads: one document lookup serves them all.
@@ -169,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
       const int hh = j / kTileTokens, r = j % kTileTokens;
       if (r >= rows) continue;
       const uint8_t s = formats::scale_for_amax(detail::bf16_bits_to_double(row_amax[hh][per_token ? r : 0]), rule);
-      row_scale[hh][r] = s;
+      row_inverse_scale[hh][r] = detail::inverse_scale(s);
       scales[int64_t(t0 + r) * heads + h_first + hh] = s;
     }
     __syncthreads();
@@ -189,9 +190,9 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
           if (transposed_codes) *reinterpret_cast<uint2*>(staged) = make_uint2(0u, 0u);
           continue;
         }
-        const uint8_t s = row_scale[hh][r];
-        const uint32_t lo = detail::encode_scaled_e4m3x2(v[hh][k].x, s) | (detail::encode_scaled_e4m3x2(v[hh][k].y, s) << 16);
-        const uint32_t hi = detail::encode_scaled_e4m3x2(v[hh][k].z, s) | (detail::encode_scaled_e4m3x2(v[hh][k].w, s) << 16);
+        const float inv = row_inverse_scale[hh][r];
+        const uint32_t lo = detail::encode_e4m3x2(v[hh][k].x, inv) | (detail::encode_e4m3x2(v[hh][k].y, inv) << 16);
+        const uint32_t hi = detail::encode_e4m3x2(v[hh][k].z, inv) | (detail::encode_e4m3x2(v[hh][k].w, inv) << 16);
         if (transposed_codes) *reinterpret_cast<uint2*>(staged) = make_uint2(lo, hi);
         if (!codes) continue;
         uint8_t* dst = codes + (int64_t(t0 + r) * heads + h) * dim + c * kChunk;
@@ -215,18 +216,22 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
       // Lanes 2m and 2m + 1 write the two halves of one (head, feature) row: one whole 32-byte
       // sector per lane pair, so L2 (80% busy, DRAM 68%: Nsight Compute, session 15) takes half the
       // sector writes of one lane per row.
-      for (int i = int(threadIdx.x); i < 2 * dim * cta_heads; i += kThreads) {
-        const int half = i % 2, f = (i / 2) % dim, hh = i / (2 * dim);
-        uint32_t w[4];
+      // (Heads in the outer loop: one flat loop over (head, feature, half) divided by the runtime
+      // dim twice per row, half of this phase's instructions.)
+      for (int hh = 0; hh < cta_heads; ++hh) {
+        for (int i = int(threadIdx.x); i < 2 * dim; i += kThreads) {
+          const int half = i % 2, f = i / 2;
+          uint32_t w[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          w[q] = 0u;
+          for (int q = 0; q < 4; ++q) {
+            w[q] = 0u;
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            w[q] |= uint32_t(tile_codes[hh][layout::permuted_key(16 * half + 4 * q + j) * kTilePitch + f]) << (8 * j);
+            for (int j = 0; j < 4; ++j)
+              w[q] |= uint32_t(tile_codes[hh][layout::permuted_key(16 * half + 4 * q + j) * kTilePitch + f]) << (8 * j);
+          }
+          *reinterpret_cast<uint4*>(transposed_codes + (int64_t(h_first + hh) * dim + f) * transposed_pitch +
+                                    first_slot + 16 * half) = make_uint4(w[0], w[1], w[2], w[3]);
         }
-        *reinterpret_cast<uint4*>(transposed_codes + (int64_t(h_first + hh) * dim + f) * transposed_pitch + first_slot +
-                                  16 * half) = make_uint4(w[0], w[1], w[2], w[3]);
       }
     }
   }

@@ -56,13 +56,22 @@ FLAMIA_HD double bf16_bits_to_double(uint32_t bits) {
 //   - the conversion (pack_e4m3x2) rounds to nearest even, subnormals included, and saturates
 //     finite values beyond 448 to +-448, as the codec does;
 //   - the multiply is inline PTX without .ftz, so a BF16 subnormal is not flushed under -ftz.
-__device__ __forceinline__ uint32_t encode_scaled_e4m3x2(uint32_t w, uint8_t scale) {
-  if (formats::ue8m0_is_nan(scale)) return 0u;
-  const float inv_scale = exp2i_float(-formats::ue8m0_exponent(scale));
+// It is the composition of a per-group half (inverse_scale, once per scale) and a per-pair half
+// (encode_e4m3x2), which the kernel calls apart: the group half has branches (subnormal powers
+// of two) that cost more than the pair's arithmetic when run for every pair.
+__device__ __forceinline__ float inverse_scale(uint8_t scale) {
+  return formats::ue8m0_is_nan(scale) ? __uint_as_float(0x7FC00000u) : exp2i_float(-formats::ue8m0_exponent(scale));
+}
+// inv_scale from inverse_scale; NaN (the NaN scale) gives zero codes.
+__device__ __forceinline__ uint32_t encode_e4m3x2(uint32_t w, float inv_scale) {
   float lo, hi;
   asm("mul.rn.f32 %0, %1, %2;" : "=f"(lo) : "f"(__uint_as_float(w << 16)), "f"(inv_scale));
   asm("mul.rn.f32 %0, %1, %2;" : "=f"(hi) : "f"(__uint_as_float(w & 0xFFFF0000u)), "f"(inv_scale));
-  return pack_e4m3x2(lo, hi);
+  const bool nan_scale = (__float_as_uint(inv_scale) & 0x7FFFFFFFu) > 0x7F800000u;
+  return nan_scale ? 0u : pack_e4m3x2(lo, hi);
+}
+__device__ __forceinline__ uint32_t encode_scaled_e4m3x2(uint32_t w, uint8_t scale) {
+  return encode_e4m3x2(w, inverse_scale(scale));
 }
 #endif
 
