@@ -430,28 +430,36 @@ __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], 
 }
 
 // --- consumers ---------------------------------------------------------------------------------
-// A warpgroup of 64 query rows of one item, whose key tiles are the ring's uses key_uses.. on.
-// Step i (0..tiles) issues S_i = Q.K_i (i < tiles) and O += P~_{i-1}.V_{i-1} (i > 0) together,
-// computes tile i's softmax while P.V runs, then, once P.V is done, releases stage i-1, rescales
-// O to the new running max and packs P~_i.
-template <int D>
-__device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& w, const QueryTileInfo& info,
-                                        const uint8_t* q_tile, int key_uses, SharedTiles<D>& sm) {
-  const ForwardParams& p = args.p;
-  const auto [consumer, warp, lane, g, t] = consumer_thread();
-  const int h = w.head;
-  const int tile_rows[2] = {warp * kRowsPerWarp + g, warp * kRowsPerWarp + g + 8};  // of the CTA's 128
-  const int rows[2] = {w.q0 + tile_rows[0], w.q0 + tile_rows[1]};
-  const bool row_valid[2] = {rows[0] < w.len, rows[1] < w.len};
-  const float scale_log2e = p.softmax_scale * kLog2e;
+// One item as a consumer thread sees it: the item, the ring use of its tile 0, and its two rows'
+// constants (see item_rows).
+struct ItemRows {
+  CtaWork w;
+  int key_uses;  // the ring use of the item's tile 0 (the ring runs on across items)
+  int q_buffer;  // its Q tile's buffer
+  int rows[2];   // document positions of the thread's two rows
+  bool row_valid[2];
+  float q_factor[2];  // 2^eq_i scale log2(e)
+  int fold_bias[2];   // boost - rho_i: the P operand is p * 2^(ev_j + fold_bias), never above 2^boost
+  float row_pow[2];   // 2^(fold_bias_i + c): the row's half of the split V fold
+  bool split_fold;    // masked tiles may fold with v_pow_j row_pow_i too (warp-uniform)
+};
 
-  float q_factor[2];
-  int rho_exp[2];    // rho_i: the running max of V's exponents over visible keys (not causal: all keys)
-  int fold_bias[2];  // boost - rho_i: the P operand is p * 2^(ev_j + fold_bias), never above 2^boost
+__device__ __forceinline__ ItemRows item_rows(const ForwardParams& p, const CtaWork& w, const QueryTileInfo& info,
+                                              int key_uses, int q_buffer) {
+  const ConsumerThread me = consumer_thread();
+  ItemRows it;
+  it.w = w;
+  it.key_uses = key_uses;
+  it.q_buffer = q_buffer;
+  const int tile_rows[2] = {me.warp * kRowsPerWarp + me.g, me.warp * kRowsPerWarp + me.g + 8};  // of the 128
+  const float scale_log2e = p.softmax_scale * kLog2e;
+  int rho_exp[2];  // rho_i: the running max of V's exponents over visible keys (not causal: all keys)
   for (int r = 0; r < 2; ++r) {
-    q_factor[r] = pow2_of_scale(info.q_scale[tile_rows[r]]) * scale_log2e;
+    it.rows[r] = w.q0 + tile_rows[r];
+    it.row_valid[r] = it.rows[r] < w.len;
+    it.q_factor[r] = pow2_of_scale(info.q_scale[tile_rows[r]]) * scale_log2e;
     rho_exp[r] = scale_exponent(info.fold_ref[tile_rows[r]]);
-    fold_bias[r] = rho_exp[r] == kNaNExponent ? kNaNExponent : p.p_boost_log2 - rho_exp[r];
+    it.fold_bias[r] = rho_exp[r] == kNaNExponent ? kNaNExponent : p.p_boost_log2 - rho_exp[r];
   }
   // Interior tiles (every key visible to every row) split the V fold 2^(ev_j + fold_bias_i) into
   // v_pow_j = 2^(ev_j - c) (the producer's) and row_pow_i = 2^(fold_bias_i + c), with c = rho of
@@ -461,8 +469,7 @@ __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& 
   // rounds to 0 below it, and where a factor is already 0 the true value is below 2^-141, which
   // E4M3 encodes as 0 either way. (Rows past the document end get meaningless row_pow; their
   // outputs are never stored, and rows do not mix in the products.)
-  float row_pow[2];
-  for (int r = 0; r < 2; ++r) row_pow[r] = pow2i(add_exponents(fold_bias[r], w.c_exp));
+  for (int r = 0; r < 2; ++r) it.row_pow[r] = pow2i(add_exponents(it.fold_bias[r], w.c_exp));
   // Masked tiles may fold with v_pow_j row_pow_i too, where every row of the warp has
   // 0 <= rho_i - c <= kMaxFoldSplit (rows past the document end see no key): a visible key has
   // ev_j <= rho_i, so v_pow_j = 2^(ev_j - c) <= 2^kMaxFoldSplit and row_pow_i = 2^(boost - rho_i + c)
@@ -472,98 +479,152 @@ __device__ __forceinline__ void consume(const ForwardArgs& args, const CtaWork& 
   constexpr int kMaxFoldSplit = 120;
   bool row_splits[2];
   for (int r = 0; r < 2; ++r)
-    row_splits[r] = !row_valid[r] || (rho_exp[r] != kNaNExponent && w.c_exp != kNaNExponent &&
-                                      rho_exp[r] - w.c_exp >= 0 && rho_exp[r] - w.c_exp <= kMaxFoldSplit);
-  const bool split_fold = __all_sync(0xffffffffu, row_splits[0] && row_splits[1]);
+    row_splits[r] = !it.row_valid[r] || (rho_exp[r] != kNaNExponent && w.c_exp != kNaNExponent &&
+                                         rho_exp[r] - w.c_exp >= 0 && rho_exp[r] - w.c_exp <= kMaxFoldSplit);
+  it.split_fold = __all_sync(0xffffffffu, row_splits[0] && row_splits[1]);
+  return it;
+}
 
-  float o_acc[D / 2];  // the m64nD accumulator: [n8 block][4] flattened
-  zero(o_acc);
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  float s[kKeyTile / 2];            // S_i, then tile i's P operand values
-  uint32_t pa[kKeyTile / 32][4];    // P~_{i-1}, read by the P.V in flight
-  const uint8_t* q_rows = q_tile + consumer * kWarpgroupRows * D;
-  constexpr SmemLayout kRowsLayout = kSwizzleFor<D>, kVtLayout = kSwizzleFor<kKeyTile>;
+// Tile i's softmax of item `it` on S_i (waited for), leaving its P operand values in s and O's
+// rescale factors in alpha. A tile is interior when every key is visible to every row: inside the
+// document and, causal, at or before the CTA's first row. Only visible keys enter the running max,
+// so it never looks past a row.
+template <int D>
+__device__ __forceinline__ void tile_softmax(const ForwardParams& p, const ItemRows& it, const KeyTileStage<D>& st,
+                                             int i, float (&s)[kKeyTile / 2], float (&m)[2], float (&l)[2],
+                                             float (&alpha)[2]) {
+  const int t = consumer_thread().t;
+  fence_accumulators(s);
+  const int k0 = key_tile_start(it.w, i);
+  if (k0 + kKeyTile <= it.w.len && (!p.causal || k0 + kKeyTile - 1 <= it.w.q0)) {
+    if (p.group_scales) interior_tile_grouped(s, st, it.q_factor, it.row_pow, m, l, alpha);
+    else interior_tile(s, st, it.q_factor, it.row_pow, t, m, l, alpha);
+  } else
+    masked_tile(s, st, it.q_factor, it.fold_bias, it.row_pow, it.split_fold, k0, it.w.len, p.causal, it.rows,
+                it.row_valid, t, m, l, alpha);
+}
 
-  // Tile i's softmax on S_i (waited for), leaving its P operand values in s and O's rescale
-  // factors in alpha.
-  auto softmax = [&](int i, float (&alpha)[2]) {
-    fence_accumulators(s);
-    // A tile is interior when every key is visible to every row: inside the document and, causal,
-    // at or before the CTA's first row. Only visible keys enter the running max, so it never
-    // looks past a row.
-    const KeyTileStage<D>& st = sm.stage[sm.ring.stage(key_uses + i)];
-    const int k0 = key_tile_start(w, i);
-    if (k0 + kKeyTile <= w.len && (!p.causal || k0 + kKeyTile - 1 <= w.q0)) {
-      if (p.group_scales) interior_tile_grouped(s, st, q_factor, row_pow, m, l, alpha);
-      else interior_tile(s, st, q_factor, row_pow, t, m, l, alpha);
-    } else
-      masked_tile(s, st, q_factor, fold_bias, row_pow, split_fold, k0, w.len, p.causal, rows, row_valid, t, m, l,
-                  alpha);
-  };
-  auto issue_s = [&](int i) {
-    rows_product<D, kKeyTile, kRowsLayout>(s, q_rows, sm.stage[sm.ring.stage(key_uses + i)].k);
-    wgmma_commit();
-  };
-  auto issue_pv = [&](int i) {
-    register_product<D, kKeyTile, kVtLayout>(o_acc, pa, sm.stage[sm.ring.stage(key_uses + i)].vt);
-    wgmma_commit();
-  };
-  // Every step's wgmma sequence is straight-line code (no branch between issue and wait), or the
-  // compiler serializes the products.
-  {  // step 0: S_0 alone
-    sm.ring.wait_full(key_uses);
-    wgmma_fence();
-    issue_s(0);
-    wgmma_wait<0>();
-    float alpha[2];
-    softmax(0, alpha);  // O is still 0: nothing to rescale
-    pack_a_operand<kKeyTile>(s, pa);
-  }
-  for (int i = 1; i < w.tiles; ++i) {
-    sm.ring.wait_full(key_uses + i);
-    wgmma_fence();
-    issue_s(i);
-    issue_pv(i - 1);
-    wgmma_wait<1>();  // S_i is done; P.V may still run
-    float alpha[2];
-    softmax(i, alpha);
-    wgmma_wait<0>();
-    fence_accumulators(o_acc);
-    if (lane == 0) sm.ring.arrive_empty(key_uses + i - 1);  // this warp is done with tile i-1
-    rescale_output(o_acc, alpha);
-    pack_a_operand<kKeyTile>(s, pa);
-  }
-  {  // last step: the last tile's P.V alone
-    wgmma_fence();
-    issue_pv(w.tiles - 1);
-    wgmma_wait<0>();
-    fence_accumulators(o_acc);
-    if (lane == 0) sm.ring.arrive_empty(key_uses + w.tiles - 1);  // the ring runs on into the next item
-  }
-
-  // Finish: full row sums across the 4 lanes of a row, then O and LSE.
+// An item's end: full row sums across the 4 lanes of a row, then O and LSE.
+template <int N>
+__device__ __forceinline__ void store_item_output(const ForwardParams& p, const ItemRows& it, const float (&o_acc)[N],
+                                                  const float (&m)[2], float (&l)[2]) {
+  const int t = consumer_thread().t;
 #pragma unroll
   for (int r = 0; r < 2; ++r) l[r] = quad_sum(l[r]);
   auto* o = static_cast<__nv_bfloat16*>(p.o);
+  const int h = it.w.head;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    if (!row_valid[r]) continue;
-    const int tok = w.doc_begin + rows[r];
+    if (!it.row_valid[r]) continue;
+    const int tok = it.w.doc_begin + it.rows[r];
     // 2^(rho_i - boost) undoes the fold; / l normalizes.
-    const float out_factor = fold_bias[r] == kNaNExponent ? pow2i(kNaNExponent) : pow2i(-fold_bias[r]);
+    const float out_factor = it.fold_bias[r] == kNaNExponent ? pow2i(kNaNExponent) : pow2i(-it.fold_bias[r]);
     const float f = out_factor / l[r];
     store_row_bf16(o_acc, r, f, o + tok * p.o_stride_token + h * p.o_stride_head, t);
     if (t == 0) p.lse[size_t(h) * p.total_tokens + tok] = (m[r] + log2f(l[r])) * kLn2;
   }
 }
 
-// A consumer warpgroup over the CTA's items (work_items.cuh's consume_work_items).
+// A consumer warpgroup over the CTA's items (items n = 0, 1, .. in Q buffer n % 2, as
+// work_items.cuh's consume_work_items hands them out), 64 query rows of each. Step i of an item
+// (0..tiles) issues S_i = Q.K_i (i < tiles) and O += P~_{i-1}.V_{i-1} (i > 0) together, computes
+// tile i's softmax while P.V runs, then, once P.V is done, releases stage i-1, rescales O to the
+// new running max and packs P~_i. Consecutive items overlap the same way: the last step of item n
+// issues item n+1's S_0 with its own last P.V, runs n+1's first softmax while that P.V runs, then
+// stores n's O and LSE; so only a CTA's first S and its last P.V run alone.
 template <int D>
 __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTiles<D>& sm) {
-  consume_work_items<CtaWork>(sm.q_ring, sm.info, [&](const CtaWork& w, int n, int key_uses) {
+  const ForwardParams& p = args.p;
+  const ConsumerThread me = consumer_thread();
+  const int lane = me.lane;
+  constexpr SmemLayout kRowsLayout = kSwizzleFor<D>, kVtLayout = kSwizzleFor<kKeyTile>;
+  float o_acc[D / 2];             // the m64nD accumulator: [n8 block][4] flattened
+  float m[2], l[2];               // running max and sum of the item's rows
+  float s[kKeyTile / 2];          // S_i, then tile i's P operand values
+  uint32_t pa[kKeyTile / 32][4];  // P~_{i-1}, read by the P.V in flight
+  auto stage = [&](int use) -> const KeyTileStage<D>& { return sm.stage[sm.ring.stage(use)]; };
+  auto issue_s = [&](const ItemRows& it, int i) {
+    rows_product<D, kKeyTile, kRowsLayout>(s, sm.q[it.q_buffer] + me.consumer * kWarpgroupRows * D,
+                                           stage(it.key_uses + i).k);
+    wgmma_commit();
+  };
+  auto issue_pv = [&](const ItemRows& it, int i) {
+    register_product<D, kKeyTile, kVtLayout>(o_acc, pa, stage(it.key_uses + i).vt);
+    wgmma_commit();
+  };
+  auto published = [&](int n, int key_uses, ItemRows& it) {  // false: no more items
+    sm.q_ring.wait_full(n);
     const int b = sm.q_ring.stage(n);
-    consume(args, w, sm.info[b], sm.q[b], key_uses, sm);
-  });
+    const CtaWork w = sm.info[b].work;
+    if (w.tiles == 0) return false;
+    it = item_rows(p, w, sm.info[b], key_uses, b);
+    return true;
+  };
+  auto start_item = [&] {
+    zero(o_acc);
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+  };
+
+  ItemRows it;
+  if (!published(0, 0, it)) return;
+  // Every step's wgmma sequence is straight-line code (no branch between issue and wait), or the
+  // compiler serializes the products.
+  {  // the first item's step 0: S_0 alone
+    sm.ring.wait_full(it.key_uses);
+    wgmma_fence();
+    issue_s(it, 0);
+    wgmma_wait<0>();
+    start_item();
+    float alpha[2];
+    tile_softmax(p, it, stage(it.key_uses), 0, s, m, l, alpha);  // O is still 0: nothing to rescale
+    pack_a_operand<kKeyTile>(s, pa);
+  }
+  for (int n = 0;; ++n) {
+    for (int i = 1; i < it.w.tiles; ++i) {
+      sm.ring.wait_full(it.key_uses + i);
+      wgmma_fence();
+      issue_s(it, i);
+      issue_pv(it, i - 1);
+      wgmma_wait<1>();  // S_i is done; P.V may still run
+      float alpha[2];
+      tile_softmax(p, it, stage(it.key_uses + i), i, s, m, l, alpha);
+      wgmma_wait<0>();
+      fence_accumulators(o_acc);
+      if (lane == 0) sm.ring.arrive_empty(it.key_uses + i - 1);  // this warp is done with tile i-1
+      rescale_output(o_acc, alpha);
+      pack_a_operand<kKeyTile>(s, pa);
+    }
+    // Item n's Q tile is done with (its last S is), so its buffer goes back to the publisher.
+    if (lane == 0) sm.q_ring.arrive_empty(n);
+    const int last = it.w.tiles - 1;
+    ItemRows next;
+    if (!published(n + 1, it.key_uses + it.w.tiles, next)) {  // the last item: its P.V alone
+      wgmma_fence();
+      issue_pv(it, last);
+      wgmma_wait<0>();
+      fence_accumulators(o_acc);
+      if (lane == 0) sm.ring.arrive_empty(it.key_uses + last);
+      store_item_output(p, it, o_acc, m, l);
+      return;
+    }
+    sm.ring.wait_full(next.key_uses);
+    wgmma_fence();
+    issue_s(next, 0);
+    issue_pv(it, last);
+    wgmma_wait<1>();  // the next item's S_0 is done; this item's last P.V may still run
+    float next_m[2] = {-INFINITY, -INFINITY}, next_l[2] = {0.f, 0.f}, alpha[2];
+    tile_softmax(p, next, stage(next.key_uses), 0, s, next_m, next_l, alpha);  // its O is still 0
+    wgmma_wait<0>();
+    fence_accumulators(o_acc);
+    if (lane == 0) sm.ring.arrive_empty(it.key_uses + last);  // the ring runs on into the next item
+    store_item_output(p, it, o_acc, m, l);
+    start_item();
+    m[0] = next_m[0], m[1] = next_m[1];
+    l[0] = next_l[0], l[1] = next_l[1];
+    pack_a_operand<kKeyTile>(s, pa);
+    it = next;
+  }
 }
 
 template <int D>
