@@ -416,10 +416,10 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
   // The step's query tile: by cursor in the grid kernel (the division per step was ~4% of its
   // time at 16x4096), by division in the persistent one (at 232 registers it measured 5% slower
   // on tiny-unaligned carrying the cursor from step to step; session 17).
-  constexpr bool kWalk = kKeyBuffers == DkdvSchedule<false>::kKeyBuffers;
+  constexpr bool kPersistent = kKeyBuffers == DkdvSchedule<true>::kKeyBuffers;
   QuerySteps::Cursor at = w.steps.first();
   for (int step = 0; step < w.tiles; ++step, at = w.steps.next(at)) {
-    const int q0 = kWalk ? at.q0 : w.steps.at(step).q0, use = step_uses + step;
+    const int q0 = kPersistent ? w.steps.at(step).q0 : at.q0, use = step_uses + step;
     const DkdvQueryStage<D>& st = sm.stage[sm.ring.stage(use)];
     sm.ring.wait_full(use);
 
