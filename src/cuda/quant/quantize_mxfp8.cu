@@ -103,6 +103,16 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
   const int chunks = dim / kChunk;
   const int items = kTileTokens * chunks;
   const bool per_token = geometry == ScaleGeometry::kToken;
+  // The thread's (row, chunk) items, the same at every step: item k is i = threadIdx.x + k kThreads
+  // when i < items. (Computed once: per step they cost a division by the runtime chunk count.)
+  int item_row[kItems], item_chunk[kItems];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int i = int(threadIdx.x) + k * kThreads;
+    item_row[k] = i / chunks;
+    item_chunk[k] = i - item_row[k] * chunks;
+  }
+  auto has_item = [&](int k) { return int(threadIdx.x) + k * kThreads < items; };
 
   // The loop and the idle-slot skip are uniform over the CTA, so the barriers inside are safe.
   const int64_t slot_count = slots::slot_count(total_tokens, num_docs, kTileTokens);
@@ -129,18 +139,20 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
     const int t0 = d.begin + p0;
 
     // 1. Loads and amax. The loads are issued first, so that zeroing row_amax and its barrier
-    // overlap them. (row_amax was last read before the previous step's phase-2 barrier.)
+    // overlap them. (row_amax was last read before the previous step's phase-2 barrier.) Each
+    // item's element offset is taken once per step; the heads add a constant to it.
+    int64_t item_src[kItems];
+#pragma unroll
+    for (int k = 0; k < kItems; ++k)
+      item_src[k] = int64_t(t0 + item_row[k]) * token_stride + int64_t(h_first) * head_stride + item_chunk[k] * kChunk;
     uint4 v[kHeadsPerCta][kItems];
 #pragma unroll
     for (int hh = 0; hh < kHeadsPerCta; ++hh)
 #pragma unroll
       for (int k = 0; k < kItems; ++k) {
-        const int i = int(threadIdx.x) + k * kThreads;
-        const int r = i / chunks, c = i - r * chunks;
         v[hh][k] = make_uint4(0u, 0u, 0u, 0u);
-        if (hh < cta_heads && i < items && r < rows)
-          v[hh][k] = load_chunk<kVecLoad>(x + int64_t(t0 + r) * token_stride + int64_t(h_first + hh) * head_stride +
-                                          c * kChunk);
+        if (hh < cta_heads && has_item(k) && item_row[k] < rows)
+          v[hh][k] = load_chunk<kVecLoad>(x + item_src[k] + hh * head_stride);
       }
     for (int i = int(threadIdx.x); i < kHeadsPerCta * kTileTokens; i += kThreads) (&row_amax[0][0])[i] = 0u;
     __syncthreads();
@@ -149,11 +161,9 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
       uint32_t local = 0;  // padding chunks are zero: they never raise a max
 #pragma unroll
       for (int k = 0; k < kItems; ++k) {
-        const int i = int(threadIdx.x) + k * kThreads;
-        const int r = i / chunks;
         const uint32_t m = max_abs_bits(v[hh][k]);
         if (per_token) {
-          if (i < items && r < rows) atomicMax(&row_amax[hh][r], m);
+          if (has_item(k) && item_row[k] < rows) atomicMax(&row_amax[hh][item_row[k]], m);
         } else {
           local = max(local, m);
         }
@@ -176,15 +186,18 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
     __syncthreads();
 
     // 3. Codes. (tile_codes was last read in the previous step's phase 4, before two barriers.)
+    // Each item's place in the row layout, once per step; the heads add a constant to it.
+    int64_t item_dst[kItems];
+#pragma unroll
+    for (int k = 0; k < kItems; ++k)
+      item_dst[k] = (int64_t(t0 + item_row[k]) * heads + h_first) * dim + item_chunk[k] * kChunk;
 #pragma unroll
     for (int hh = 0; hh < kHeadsPerCta; ++hh) {
       if (hh >= cta_heads) break;
-      const int h = h_first + hh;
 #pragma unroll
       for (int k = 0; k < kItems; ++k) {
-        const int i = int(threadIdx.x) + k * kThreads;
-        const int r = i / chunks, c = i - r * chunks;
-        if (i >= items) continue;
+        const int r = item_row[k], c = item_chunk[k];
+        if (!has_item(k)) continue;
         uint8_t* const staged = tile_codes[hh] + r * kTilePitch + c * kChunk;
         if (r >= rows) {  // past the document end: zero codes in the transposed layout's padding
           if (transposed_codes) *reinterpret_cast<uint2*>(staged) = make_uint2(0u, 0u);
@@ -195,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
         const uint32_t hi = detail::encode_e4m3x2(v[hh][k].z, inv) | (detail::encode_e4m3x2(v[hh][k].w, inv) << 16);
         if (transposed_codes) *reinterpret_cast<uint2*>(staged) = make_uint2(lo, hi);
         if (!codes) continue;
-        uint8_t* dst = codes + (int64_t(t0 + r) * heads + h) * dim + c * kChunk;
+        uint8_t* dst = codes + item_dst[k] + hh * dim;
         if (vec_store) {
           *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
         } else {
