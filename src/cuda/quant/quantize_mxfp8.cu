@@ -51,9 +51,19 @@ constexpr int kHeadsPerCta = 4;  // heads per CTA: the document bisection, once 
 constexpr int min_ctas_per_sm(int items) { return items <= kItemsUpTo128 ? 4 : 1; }
 static_assert(kTileTokens == 32, "one warp-sized tile of positions per CTA step");
 static_assert(kTileTokens == layout::kKeyStep, "a CTA step writes whole steps of the transposed layout");
-// The step's codes, kept for the transposed store: rows = positions; 8-byte aligned rows, and a
-// 264-byte pitch spreads one column's 16 rows over distinct banks.
-constexpr int kTilePitch = kMaxDim + 8;
+// The step's codes, kept for the transposed store: rows = positions. An odd pitch in words (65)
+// puts the two rows that a lane pair reads at once in phase 4 (positions j and j + 16 of a half)
+// 16 banks apart, so each of that phase's word loads hits 32 distinct banks.
+constexpr int kTilePitch = kMaxDim + 4;
+static_assert(kTilePitch % 4 == 0 && (kTilePitch / 4) % 2 == 1, "word-aligned rows, an odd number of words apart");
+// Bytes after each head's rows: 4 words, so that the heads of a warp's phase-4 loads (one per lane
+// pair in 4) sit 4 banks apart.
+constexpr int kHeadPad = 16;
+static_assert((kTileTokens * kTilePitch + kHeadPad) / 4 % 32 == 4 && kHeadPad % 16 == 0, "heads 4 banks apart");
+// Phase 4's units: (head, 4 features, half step) per thread, as many as a kItems kernel's dims need.
+__host__ __device__ constexpr int units_per_thread(int items) {
+  return kHeadsPerCta * (items * kThreads / kTileTokens * kChunk) / 2 / kThreads;  // (dims up to items' bound)
+}
 static_assert(kTileTokens * (kMaxDim / kChunk) % kThreads == 0, "items divide evenly over the CTA");
 
 
@@ -62,6 +72,23 @@ __device__ __forceinline__ uint32_t max_abs_bits(const uint4& v) {
   constexpr uint32_t kAbs = 0x7FFF7FFFu;
   const uint32_t m = __vmaxu2(__vmaxu2(v.x & kAbs, v.y & kAbs), __vmaxu2(v.z & kAbs, v.w & kAbs));
   return max(m & 0xFFFFu, m >> 16);
+}
+
+// threadIdx.x, read where it is called: the compiler cannot hoist what derives from it out of a loop.
+__device__ __forceinline__ int thread_index_here() {
+  int tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  return tid;
+}
+
+// Transposes a 4x4 block of bytes held as four words: byte b of word r moves to byte r of word b.
+__device__ __forceinline__ void transpose_bytes_4x4(uint32_t (&w)[4]) {
+  const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
+  const uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
+  w[0] = __byte_perm(lo01, lo23, 0x5410);
+  w[1] = __byte_perm(lo01, lo23, 0x7632);
+  w[2] = __byte_perm(hi01, hi23, 0x5410);
+  w[3] = __byte_perm(hi01, hi23, 0x7632);
 }
 
 template <bool kVecLoad>
@@ -96,7 +123,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
   // Per (head of the CTA, row): sign-cleared BF16 amax patterns (block32 uses row 0) and scales.
   __shared__ uint32_t row_amax[kHeadsPerCta][kTileTokens];
   __shared__ float row_inverse_scale[kHeadsPerCta][kTileTokens];  // detail::inverse_scale of each row's scale
-  __shared__ __align__(16) uint8_t tile_codes[kHeadsPerCta][kTileTokens * kTilePitch];
+  __shared__ __align__(16) uint8_t tile_codes[kHeadsPerCta][kTileTokens * kTilePitch + kHeadPad];
   const int64_t transposed_pitch = layout::transposed_tokens(total_tokens, num_docs);
   // This CTA's heads: one document lookup serves them all.
   const int h_first = int(blockIdx.y) * kHeadsPerCta, cta_heads = min(heads - h_first, kHeadsPerCta);
@@ -198,15 +225,18 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
       for (int k = 0; k < kItems; ++k) {
         const int r = item_row[k], c = item_chunk[k];
         if (!has_item(k)) continue;
-        uint8_t* const staged = tile_codes[hh] + r * kTilePitch + c * kChunk;
+        uint32_t* const staged = reinterpret_cast<uint32_t*>(tile_codes[hh] + r * kTilePitch + c * kChunk);
         if (r >= rows) {  // past the document end: zero codes in the transposed layout's padding
-          if (transposed_codes) *reinterpret_cast<uint2*>(staged) = make_uint2(0u, 0u);
+          if (transposed_codes) staged[0] = staged[1] = 0u;
           continue;
         }
         const float inv = row_inverse_scale[hh][r];
         const uint32_t lo = detail::encode_e4m3x2(v[hh][k].x, inv) | (detail::encode_e4m3x2(v[hh][k].y, inv) << 16);
         const uint32_t hi = detail::encode_e4m3x2(v[hh][k].z, inv) | (detail::encode_e4m3x2(v[hh][k].w, inv) << 16);
-        if (transposed_codes) *reinterpret_cast<uint2*>(staged) = make_uint2(lo, hi);
+        if (transposed_codes) {  // two word stores: rows are word-aligned (kTilePitch)
+          staged[0] = lo;
+          staged[1] = hi;
+        }
         if (!codes) continue;
         uint8_t* dst = codes + item_dst[k] + hh * dim;
         if (vec_store) {
@@ -222,29 +252,39 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
     }
 
     // 4. The transposed layout: slot p0 + permuted_position(j) of the document holds position
-    // p0 + j, so the 16 slots of half `half` of the step hold rows permuted_key(16 half + 0..15).
+    // p0 + j, so the 16 slots of half `half` of the step hold rows permuted_key(16 half + 0..15)
+    // = 16 half + permuted_key(0..15). A unit reads those 16 rows' bytes of its 4 features as words,
+    // transposes them in 4x4 blocks with byte permutes, and writes each feature's 16 slots with one
+    // 16-byte store; the lane pair's two halves make one whole 32-byte sector per feature row.
+    // (Byte loads took 16 loads and 16 merges per 16 bytes: the pass was issue-bound on them.)
     if (transposed_codes) {
       __syncthreads();
       const int64_t first_slot = layout::transposed_document_start(d.begin, work.doc) + p0;
-      // Lanes 2m and 2m + 1 write the two halves of one (head, feature) row: one whole 32-byte
-      // sector per lane pair, so L2 (80% busy, DRAM 68%: Nsight Compute, session 15) takes half the
-      // sector writes of one lane per row.
-      // (Heads in the outer loop: one flat loop over (head, feature, half) divided by the runtime
-      // dim twice per row, half of this phase's instructions.)
-      for (int hh = 0; hh < cta_heads; ++hh) {
-        for (int i = int(threadIdx.x); i < 2 * dim; i += kThreads) {
-          const int half = i % 2, f = i / 2;
-          uint32_t w[4];
+      // The thread's units: (head, features 4 quad + 0..3, half) of the step. The head and half come
+      // from the lane (lanes 2m and 2m + 1 write the two halves of the same feature rows), so a unit
+      // costs no division. (Read here, not before the loop: hoisted, the units' addresses took
+      // registers that phase 1 needs and spilled.)
+      constexpr int kUnits = units_per_thread(kItems);
+      const int tid = thread_index_here();
+      const int unit_half = tid % 2, unit_head = tid / 2 % kHeadsPerCta, unit_quad = tid / (2 * kHeadsPerCta);
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            w[q] = 0u;
+      for (int k = 0; k < kUnits; ++k) {
+        const int feature = 4 * (unit_quad + k * kThreads / (2 * kHeadsPerCta));
+        if (unit_head >= cta_heads || feature >= dim) continue;
+        const uint8_t* const half_rows = tile_codes[unit_head] + 16 * unit_half * kTilePitch + feature;
+        uint32_t w[4][4];  // w[q][e]: features of row permuted_key(4q + e), then (transposed) rows of feature e
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-              w[q] |= uint32_t(tile_codes[hh][layout::permuted_key(16 * half + 4 * q + j) * kTilePitch + f]) << (8 * j);
-          }
-          *reinterpret_cast<uint4*>(transposed_codes + (int64_t(h_first + hh) * dim + f) * transposed_pitch +
-                                    first_slot + 16 * half) = make_uint4(w[0], w[1], w[2], w[3]);
+        for (int q = 0; q < 4; ++q) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            w[q][e] = *reinterpret_cast<const uint32_t*>(half_rows + layout::permuted_key(4 * q + e) * kTilePitch);
+          transpose_bytes_4x4(w[q]);
         }
+        uint8_t* const dst = transposed_codes + (int64_t(h_first + unit_head) * dim + feature) * transposed_pitch +
+                             first_slot + 16 * unit_half;
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          *reinterpret_cast<uint4*>(dst + e * transposed_pitch) = make_uint4(w[0][e], w[1][e], w[2][e], w[3][e]);
       }
     }
   }
