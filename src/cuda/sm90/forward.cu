@@ -107,17 +107,21 @@ __device__ __forceinline__ int key_tile_start(const CtaWork& w, int i) { return 
 // --- producer ----------------------------------------------------------------------------------
 using TileScaleBytes = LaneScaleBytes<kKeyTile>;
 // The per-key factors of the softmax paths (keys past the document end: k_col 0, so masked).
+// v_pow_j = 2^(ev_j - c) is 2^ev_j (ev_j = 0 past the document end) times the item's inv_c = 2^-c: a
+// product of two powers of two, exactly pow2i(ev_j - c) (the kernels do not flush subnormals: a product
+// down to 2^-149 is exact, below it rounds to 0 like pow2i; above 2^127 it is inf; NaN stays NaN).
+// (pow2i's compare chain per key cost the forward ~1% on long documents, session 18: the producer's
+// instructions share an SM sub-partition's issue slots with two consumer warps.)
 template <int D>
-__device__ __forceinline__ void store_lane_scales(const TileScaleBytes& b, const CtaWork& w, int k0, int lane,
-                                                  KeyTileStage<D>& st) {
+__device__ __forceinline__ void store_lane_scales(const TileScaleBytes& b, const CtaWork& w, float inv_c, int k0,
+                                                  int lane, KeyTileStage<D>& st) {
 #pragma unroll
   for (int j = 0; j < TileScaleBytes::kKeysPerLane; ++j) {
     const int key = j * 32 + lane;
     const bool in_doc = k0 + key < w.len;
     st.k_col[key] = in_doc ? pow2_of_scale(b.k_byte(j)) : 0.f;
     st.v_scale[key] = in_doc ? b.v_byte(j) : 0;
-    st.v_pow[key] = w.c_exp == kNaNExponent ? pow2i(kNaNExponent)
-                                            : pow2i(add_exponents(in_doc ? scale_exponent(b.v_byte(j)) : 0, -w.c_exp));
+    st.v_pow[key] = (in_doc ? pow2_of_scale(b.v_byte(j)) : 1.f) * inv_c;
   }
 }
 
@@ -138,6 +142,7 @@ __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const
                                            key_tile_start(w, i), lane);
   };
   TileScaleBytes next = load_scales(0);
+  const float inv_c = pow2i(w.c_exp == kNaNExponent ? kNaNExponent : -w.c_exp);
   for (int i = 0; i < w.tiles; ++i) {
     const int k0 = key_tile_start(w, i), use = key_uses + i;
     KeyTileStage<D>& st = sm.stage[sm.ring.stage(use)];
@@ -150,7 +155,7 @@ __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const
       tma_load_transposed(args.vt_map, st.vt, full, w.kvh, D, vt_doc_start + k0);
     }
     if (i + 1 < w.tiles) next = load_scales(i + 1);
-    store_lane_scales(bytes, w, k0, lane, st);
+    store_lane_scales(bytes, w, inv_c, k0, lane, st);
     sm.ring.arrive_full(use);
   }
 }
