@@ -56,13 +56,13 @@ static_assert(kTileTokens == layout::kKeyStep, "a CTA step writes whole steps of
 // 16 banks apart, so each of that phase's word loads hits 32 distinct banks.
 constexpr int kTilePitch = kMaxDim + 4;
 static_assert(kTilePitch % 4 == 0 && (kTilePitch / 4) % 2 == 1, "word-aligned rows, an odd number of words apart");
-// Bytes after each head's rows: 4 words, so that the heads of a warp's phase-4 loads (one per lane
-// pair in 4) sit 4 banks apart.
+// Bytes after each head's rows: 4 words. A warp's phase-4 load covers 4 heads (lane pairs take
+// them in turn), which the padding puts 4 banks apart.
 constexpr int kHeadPad = 16;
 static_assert((kTileTokens * kTilePitch + kHeadPad) / 4 % 32 == 4 && kHeadPad % 16 == 0, "heads 4 banks apart");
 // Phase 4's units: (head, 4 features, half step) per thread, as many as a kItems kernel's dims need.
 __host__ __device__ constexpr int units_per_thread(int items) {
-  return kHeadsPerCta * (items * kThreads / kTileTokens * kChunk) / 2 / kThreads;  // (dims up to items' bound)
+  return kHeadsPerCta * (items * kThreads / kTileTokens * kChunk) / 2 / kThreads;  // at the largest dim it takes
 }
 static_assert(kTileTokens * (kMaxDim / kChunk) % kThreads == 0, "items divide evenly over the CTA");
 

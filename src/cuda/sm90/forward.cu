@@ -109,7 +109,8 @@ using TileScaleBytes = LaneScaleBytes<kKeyTile>;
 // The per-key factors of the softmax paths (keys past the document end: k_col 0, so masked).
 // v_pow_j = 2^(ev_j - c) is 2^ev_j (ev_j = 0 past the document end) times the item's inv_c = 2^-c: a
 // product of two powers of two, exactly pow2i(ev_j - c) (the kernels do not flush subnormals: a product
-// down to 2^-149 is exact, below it rounds to 0 like pow2i; above 2^127 it is inf; NaN stays NaN).
+// down to 2^-149 is exact, below it rounds to 0 like pow2i; above 2^127 it is inf; NaN stays NaN; a
+// build with -ftz would break this).
 // (pow2i's compare chain per key cost the forward ~1% on long documents, session 18: the producer's
 // instructions share an SM sub-partition's issue slots with two consumer warps.)
 template <int D>
