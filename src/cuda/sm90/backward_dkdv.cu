@@ -47,7 +47,7 @@ constexpr int kQueryTile = tiling::kBwdQueryTile;   // queries per step: tau's g
 constexpr int kStages = 3;
 static_assert(kQueryTile == 64, "S^T is one m64n64 product per k-step");
 static_assert(tiling::kBwdKeyTile % kKeyRows == 0, "a CTA's keys lie inside one backward key tile");
-constexpr int kProducerLanes = 32;
+constexpr int kProducerLanes = 32;  // the key buffers' producer warp (the publisher)
 constexpr int kConsumerWarps = 4 * kConsumers;
 constexpr int kQueriesPerLane = kQueryTile / kProducerLanes;
 
@@ -137,17 +137,19 @@ struct DkdvArgs {
   CUtensorMap qt_map, gt_map;  // transposed form, box kQueryTile
 };
 
-// A producer lane's queries' inputs to the constants (queries lane + 32 j of the tile, clamped
-// into the document: masked queries' values are unused), loaded one step ahead.
+// A producer lane's queries' inputs to the constants (queries lane + 32 j of the tile, j in the
+// tile streamer's Share (work_items.cuh), clamped into the document: masked queries' values are
+// unused), loaded one step ahead.
 struct QueryInputs {
   uint8_t q_scale[kQueriesPerLane], g_scale[kQueriesPerLane];
   float lse[kQueriesPerLane], delta[kQueriesPerLane];
 };
+template <class Share>
 __device__ __forceinline__ QueryInputs load_query_inputs(const BackwardParams& p, const DocumentSpan& d, int h, int q0,
                                                          int lane) {
   QueryInputs in;
 #pragma unroll
-  for (int j = 0; j < kQueriesPerLane; ++j) {
+  for (int j = Share::kFirst; j < Share::kFirst + Share::kCount; ++j) {
     const int64_t token = d.begin + min(q0 + j * 32 + lane, d.len - 1);
     const int64_t s = token * p.q_heads + h;
     in.q_scale[j] = __ldg(p.q_scales + s);
@@ -157,10 +159,11 @@ __device__ __forceinline__ QueryInputs load_query_inputs(const BackwardParams& p
   }
   return in;
 }
+template <class Share>
 __device__ __forceinline__ void store_query_consts(const QueryInputs& in, int gamma, int p_boost_log2, int lane,
                                                    QueryTileConsts& c) {
 #pragma unroll
-  for (int j = 0; j < kQueriesPerLane; ++j) {
+  for (int j = Share::kFirst; j < Share::kFirst + Share::kCount; ++j) {
     const int eg = scale_exponent(in.g_scale[j]);
     const float p_fold = pow2i(gamma == kNaNExponent ? kNaNExponent : add_exponents(eg, p_boost_log2 - gamma));
     c.c[j * 32 + lane] = make_float4(pow2_of_scale(in.q_scale[j]), pow2i(eg), p_fold, -(in.lse[j] * kLog2e));
@@ -279,19 +282,21 @@ __device__ __forceinline__ void interior_pu_grouped(const float (&s)[kQueryTile 
 }
 
 // --- producer ----------------------------------------------------------------------------------
-// An item's steps, the ring's uses step_uses.. on: wait for an empty stage, TMA its Q, dO, Q^T and
-// dO^T codes (lane 0), store the step's per-query constants (the next step's inputs are loaded
-// meanwhile) and arrive on "full". Queries past the document end load the next document's codes,
+// An item's steps, the ring's uses step_uses.. on, by tile streamer kStreamer (work_items.cuh):
+// wait for an empty stage, TMA its Q, dO, Q^T and dO^T codes (streamer 0's lane 0), store the
+// streamer's share of the step's per-query constants (the next step's inputs are loaded meanwhile)
+// and arrive on "full". Queries past the document end load the next document's codes,
 // transposed slots the quantizer zeroed, or TMA's zeros past the tensor: finite E4M3 codes
 // (docs/KERNELS.md, "Loads") that meet exact-zero P~ and U in dV and dK, and columns of S^T and E^T
 // that the masked path drops.
-template <int D, int kKeyBuffers>
+template <int D, int kStreamer, int kKeyBuffers>
 __device__ __forceinline__ void produce_steps(const DkdvArgs& args, const DkdvWork& w, int step_uses,
                                               DkdvShared<D, kKeyBuffers>& sm) {
+  using Share = StreamerShare<kStreamer, kQueriesPerLane>;
   const BackwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
   const int doc_slot = int(layout::transposed_document_start(w.d.begin, w.doc));
-  auto load_inputs = [&](QuerySteps::Cursor c) { return load_query_inputs(p, w.d, c.head, c.q0, lane); };
+  auto load_inputs = [&](QuerySteps::Cursor c) { return load_query_inputs<Share>(p, w.d, c.head, c.q0, lane); };
   QuerySteps::Cursor at = w.steps.first();
   QueryInputs next = load_inputs(at);
   for (int step = 0; step < w.tiles; ++step) {
@@ -300,7 +305,7 @@ __device__ __forceinline__ void produce_steps(const DkdvArgs& args, const DkdvWo
     DkdvQueryStage<D>& st = sm.stage[sm.ring.stage(use)];
     const QueryInputs inputs = next;
     sm.ring.wait_empty(use);
-    if (lane == 0) {
+    if (kStreamer == 0 && lane == 0) {
       uint64_t& full = sm.ring.full_barrier(use);
       barrier_expect_bytes(full, 4 * kQueryTile * D);
       tma_load_rows(args.q_map, st.q, full, h, w.d.begin + q0);
@@ -309,7 +314,7 @@ __device__ __forceinline__ void produce_steps(const DkdvArgs& args, const DkdvWo
       tma_load_transposed(args.gt_map, st.gt, full, h, D, doc_slot + q0);
     }
     if (step + 1 < w.tiles) next = load_inputs(at);
-    store_query_consts(inputs, w.gamma, p.p_boost_log2, lane, st.consts);
+    store_query_consts<Share>(inputs, w.gamma, p.p_boost_log2, lane, st.consts);
     sm.ring.arrive_full(use);
   }
 }
@@ -366,22 +371,34 @@ __device__ __forceinline__ void publish_item(const DkdvArgs& args, const DkdvWor
   store_key_bytes(args.p, w, lane, sm.info[b]);
 }
 
-// Persistent: one warp over the CTA's items (work_items.cuh's produce_work_items), per item its
-// key buffer, then its steps.
+// Persistent: tile streamer 0 (warp 0) runs the CTA's items (work_items.cuh's
+// produce_work_items), per item its key buffer, then its share of the steps; streamer 1 (warp 2)
+// streams its share of each published item's steps.
 template <int D, int kKeyBuffers>
 __device__ __forceinline__ void produce_items(const DkdvArgs& args, DkdvShared<D, kKeyBuffers>& sm) {
   const BackwardParams& p = args.p;
   const int tile_slots = int(slots::slot_count(p.total_tokens, p.num_docs, kKeyRows));
-  produce_work_items<DkdvWork>(
-      p.work_counter, tile_slots * p.kv_heads, sm.keys_ring, sm.info,
-      [&](int item, DkdvWork& w) { return find_work(p, item, tile_slots, w); },
-      [&](const DkdvWork& w, int n) { publish_item(args, w, n, sm); },
-      [&](const DkdvWork&, int n, int step_uses) {
-        // The item as lane 0 stored it, read from shared memory at each step rather than held in
-        // registers through the step loop (the producer's registers are few).
-        __syncwarp();
-        produce_steps(args, sm.info[sm.keys_ring.stage(n)].work, step_uses, sm);
+  run_as_tile_streamer([&](auto streamer) {
+    if constexpr (decltype(streamer)::value == 0) {
+      produce_work_items<DkdvWork>(
+          p.work_counter, tile_slots * p.kv_heads, sm.keys_ring, sm.info,
+          [&](int item, DkdvWork& w) { return find_work(p, item, tile_slots, w); },
+          [&](const DkdvWork& w, int n) { publish_item(args, w, n, sm); },
+          [&](const DkdvWork&, int n, int step_uses) {
+            // The item as lane 0 stored it, read from shared memory at each step rather than held
+            // in registers through the step loop (the producer's registers are few; this warp alone
+            // writes it).
+            __syncwarp();
+            produce_steps<D, 0>(args, sm.info[sm.keys_ring.stage(n)].work, step_uses, sm);
+          });
+    } else {
+      // A copy in registers: streamer 0 may overwrite the buffer's item once the consumers are
+      // done with it, which this warp's last arrival allows.
+      stream_work_items<DkdvWork>(sm.keys_ring, sm.info, [&](const DkdvWork& w, int, int step_uses) {
+        produce_steps<D, 1>(args, w, step_uses, sm);
       });
+    }
+  });
 }
 
 // --- consumers ---------------------------------------------------------------------------------
@@ -481,11 +498,11 @@ __global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid
   using Schedule = DkdvSchedule<kPersistent>;
   auto& sm = aligned_shared_storage<DkdvSharedFor<D, kPersistent>>();
   auto init = [&] {
-    sm.ring.init(kProducerLanes, kConsumerWarps);
+    sm.ring.init(kStreamerLanes, kConsumerWarps);
     sm.keys_ring.init(kProducerLanes, kConsumerWarps);
   };
   if constexpr (kPersistent) {
-    run_roles<Schedule::kProducerRegisters, Schedule::kConsumerRegisters>(
+    run_roles<Schedule::kProducerRegisters, Schedule::kConsumerRegisters, kStreamerRoleWarps>(
         init, [&] { produce_items(args, sm); },
         [&] {
           consume_work_items<DkdvWork>(sm.keys_ring, sm.info, [&](const DkdvWork& w, int n, int step_uses) {
@@ -497,12 +514,16 @@ __global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid
     // head), found by every warp; an idle slot's CTA leaves before any barrier.
     DkdvWork w;
     if (!find_work(args.p, int(blockIdx.y * gridDim.x + blockIdx.x), int(gridDim.x), w)) return;
-    run_roles<Schedule::kProducerRegisters, Schedule::kConsumerRegisters>(
+    run_roles<Schedule::kProducerRegisters, Schedule::kConsumerRegisters, kStreamerRoleWarps>(
         init,
         [&] {
-          publish_item(args, w, 0, sm);
-          sm.keys_ring.arrive_full(0);
-          produce_steps(args, w, 0, sm);
+          run_as_tile_streamer([&](auto streamer) {
+            if constexpr (decltype(streamer)::value == 0) {
+              publish_item(args, w, 0, sm);
+              sm.keys_ring.arrive_full(0);
+            }
+            produce_steps<D, decltype(streamer)::value>(args, w, 0, sm);
+          });
         },
         [&] {
           sm.keys_ring.wait_full(0);

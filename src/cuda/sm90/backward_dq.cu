@@ -47,7 +47,7 @@ static_assert(kKeyTile % kQueryRows == 0, "a CTA's rows share their diagonal key
 // Registers per thread after the hand-over: 128 x 24 + 256 x 240 = 64512 of the SM's 65536 (the
 // consumers hold S, E and dQ: 232 spilled).
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
-constexpr int kProducerLanes = 32;
+constexpr int kProducerLanes = 32;  // the rows ring's producer warp (the publisher)
 constexpr int kConsumerWarps = 4 * kConsumers;
 
 // One key tile's codes and scales (1024-byte aligned for the 128-byte swizzle).
@@ -186,19 +186,20 @@ __device__ __forceinline__ void interior_u_grouped(float (&s)[kKeyTile / 2], con
 }
 
 // --- producer ----------------------------------------------------------------------------------
-// An item's key tiles, the ring's uses key_uses.. on: wait for an empty stage, TMA its K, V and
-// K^T codes (lane 0), store its keys' scale factors (the next tile's bytes are loaded meanwhile)
-// and arrive on "full". Keys past the document end load the next document's codes, transposed
+// An item's key tiles, the ring's uses key_uses.. on, by tile streamer kStreamer (work_items.cuh):
+// wait for an empty stage, TMA its K, V and K^T codes (streamer 0's lane 0), store the streamer's
+// share of its keys' scale factors (the next tile's bytes are loaded meanwhile) and arrive on "full". Keys past the document end load the next document's codes, transposed
 // slots the quantizer zeroed, or TMA's zeros past the tensor: finite E4M3 codes (docs/KERNELS.md,
 // "Loads") that meet an exact-zero U in dQ = U.K, and columns of S and E that the masked path drops.
-template <int D>
+template <int D, int kStreamer>
 __device__ __forceinline__ void produce_key_tiles(const DqArgs& args, const DqWork& w, int key_uses, DqShared<D>& sm) {
+  using Share = StreamerShare<kStreamer, LaneScaleBytes<kKeyTile>::kKeysPerLane>;
   const BackwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
   const int kt_doc_start = int(layout::transposed_document_start(w.d.begin, w.doc));
   auto load_scales = [&](int i) {
-    return load_lane_scale_bytes<kKeyTile>(p.k_scales, p.v_scales, p.kv_heads, w.kvh, w.d.begin, w.d.len,
-                                           i * kKeyTile, lane);
+    return load_lane_scale_bytes<kKeyTile, Share::kFirst, Share::kCount>(p.k_scales, p.v_scales, p.kv_heads, w.kvh,
+                                                                         w.d.begin, w.d.len, i * kKeyTile, lane);
   };
   LaneScaleBytes<kKeyTile> next = load_scales(0);
   for (int i = 0; i < w.tiles; ++i) {
@@ -206,7 +207,7 @@ __device__ __forceinline__ void produce_key_tiles(const DqArgs& args, const DqWo
     DqKeyStage<D>& st = sm.stage[sm.ring.stage(use)];
     const LaneScaleBytes<kKeyTile> bytes = next;
     sm.ring.wait_empty(use);
-    if (lane == 0) {
+    if (kStreamer == 0 && lane == 0) {
       uint64_t& full = sm.ring.full_barrier(use);
       barrier_expect_bytes(full, 3 * kKeyTile * D);
       tma_load_rows(args.k_map, st.k, full, w.kvh, w.d.begin + k0);
@@ -215,7 +216,7 @@ __device__ __forceinline__ void produce_key_tiles(const DqArgs& args, const DqWo
     }
     if (i + 1 < w.tiles) next = load_scales(i + 1);
 #pragma unroll
-    for (int j = 0; j < LaneScaleBytes<kKeyTile>::kKeysPerLane; ++j) {
+    for (int j = Share::kFirst; j < Share::kFirst + Share::kCount; ++j) {
       st.k_pow[j * 32 + lane] = pow2_of_scale(bytes.k_byte(j));
       st.v_pow[j * 32 + lane] = pow2_of_scale(bytes.v_byte(j));
     }
@@ -239,20 +240,20 @@ __device__ __forceinline__ void store_row_constants(const BackwardParams& p, con
   }
 }
 
-// Two warps over the CTA's items (work_items.cuh): warp 1 publishes each item, its DqWork and row
-// constants into row buffer n % 2 with its Q and dO rows; warp 0 streams the published item's key
-// tiles. Apart, finding the next item and loading its constants (dependent global loads) overlap
+// Three warps over the CTA's items (work_items.cuh): warp 1 publishes each item, its DqWork and row
+// constants into row buffer n % 2 with its Q and dO rows; the tile streamers (warps 0 and 2) stream
+// the published item's key tiles. Apart, finding the next item and loading its constants (dependent global loads) overlap
 // the key tiles (one warp did both: on short documents the consumers waited for it, 35% of dQ's
 // stall samples on tiny-unaligned, session 15).
-constexpr int kProducerWarps = 2;
+constexpr int kProducerWarps = kStreamerRoleWarps;
 template <int D>
 __device__ __forceinline__ void produce(const DqArgs& args, DqShared<D>& sm) {
-  if (threadIdx.x / 32 == 0) {
+  const bool streamed = run_as_tile_streamer([&](auto streamer) {
     stream_work_items<DqWork>(sm.rows_ring, sm.info, [&](const DqWork& w, int, int key_uses) {
-      produce_key_tiles(args, w, key_uses, sm);
+      produce_key_tiles<D, decltype(streamer)::value>(args, w, key_uses, sm);
     });
-    return;
-  }
+  });
+  if (streamed) return;
   const BackwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
   const int tile_slots = int(slots::slot_count(p.total_tokens, p.num_docs, kQueryRows));
@@ -363,7 +364,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_dq_kernel(const __grid_c
   DqShared<D>& sm = aligned_shared_storage<DqShared<D>>();
   run_roles<kProducerRegisters, kConsumerRegisters, kProducerWarps>(
       [&] {
-        sm.ring.init(kProducerLanes, kConsumerWarps);
+        sm.ring.init(kStreamerLanes, kConsumerWarps);
         sm.rows_ring.init(kProducerLanes, kConsumerWarps);
       },
       [&] { produce(args, sm); },

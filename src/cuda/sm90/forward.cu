@@ -57,7 +57,7 @@ static_assert(kQueryRows == tiling::kFwdQueryTile && tiling::kFwdKeyTile % kQuer
 // Registers per thread after the hand-over: 128 x 40 + 256 x 232 = 64512, what the launch allocates
 // (168 x 384): an increase waits for registers that decreases gave back, so the two must balance.
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
-constexpr int kProducerLanes = 32;   // per ring, its producer warp (Q: the publisher; keys: the streamer)
+constexpr int kProducerLanes = 32;   // the Q ring's producer warp (the publisher)
 constexpr int kConsumerWarps = 4 * kConsumers;  // each arrives on "empty"
 
 // One key tile's operands; stages of the ring are 1024-byte aligned, as the 128-byte swizzle of
@@ -113,11 +113,11 @@ using TileScaleBytes = LaneScaleBytes<kKeyTile>;
 // build with -ftz would break this).
 // (pow2i's compare chain per key cost the forward ~1% on long documents, session 18: the producer's
 // instructions share an SM sub-partition's issue slots with two consumer warps.)
-template <int D>
+template <int D, int kFirst, int kCount>
 __device__ __forceinline__ void store_lane_scales(const TileScaleBytes& b, const CtaWork& w, float inv_c, int k0,
                                                   int lane, KeyTileStage<D>& st) {
 #pragma unroll
-  for (int j = 0; j < TileScaleBytes::kKeysPerLane; ++j) {
+  for (int j = kFirst; j < kFirst + kCount; ++j) {
     const int key = j * 32 + lane;
     const bool in_doc = k0 + key < w.len;
     st.k_col[key] = in_doc ? pow2_of_scale(b.k_byte(j)) : 0.f;
@@ -126,21 +126,22 @@ __device__ __forceinline__ void store_lane_scales(const TileScaleBytes& b, const
   }
 }
 
-// An item's key tiles, the ring's uses key_uses.. on: per key tile i, wait until its stage is
-// empty, TMA its K and V^T codes (lane 0), store the per-key scale factors (lane = key mod 32; the
-// bytes of tile i + 1 are loaded meanwhile), then every lane arrives on "full". Keys past the
-// document end load the next document's codes, transposed slots the quantizer zeroed, or TMA's
-// zeros past the tensor: finite E4M3 codes (docs/KERNELS.md, "Loads") whose P is exactly 0, and
-// columns of S that the masked path drops.
-template <int D>
+// An item's key tiles, the ring's uses key_uses.. on, by tile streamer kStreamer (work_items.cuh):
+// per key tile i, wait until its stage is empty, TMA its K and V^T codes (streamer 0's lane 0),
+// store the streamer's share of the per-key scale factors (the bytes of tile i + 1 are loaded
+// meanwhile), then every lane arrives on "full". Keys past the document end load the next document's codes, transposed slots the quantizer
+// zeroed, or TMA's zeros past the tensor: finite E4M3 codes (docs/KERNELS.md, "Loads") whose P is
+// exactly 0, and columns of S that the masked path drops.
+template <int D, int kStreamer>
 __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const CtaWork& w, int key_uses,
                                                   SharedTiles<D>& sm) {
+  using Share = StreamerShare<kStreamer, TileScaleBytes::kKeysPerLane>;
   const ForwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
   const int vt_doc_start = int(layout::transposed_document_start(w.doc_begin, w.doc));
   auto load_scales = [&](int i) {
-    return load_lane_scale_bytes<kKeyTile>(p.k_scales, p.v_scales, p.kv_heads, w.kvh, w.doc_begin, w.len,
-                                           key_tile_start(w, i), lane);
+    return load_lane_scale_bytes<kKeyTile, Share::kFirst, Share::kCount>(p.k_scales, p.v_scales, p.kv_heads, w.kvh,
+                                                                         w.doc_begin, w.len, key_tile_start(w, i), lane);
   };
   TileScaleBytes next = load_scales(0);
   const float inv_c = pow2i(w.c_exp == kNaNExponent ? kNaNExponent : -w.c_exp);
@@ -149,14 +150,14 @@ __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const
     KeyTileStage<D>& st = sm.stage[sm.ring.stage(use)];
     const TileScaleBytes bytes = next;
     sm.ring.wait_empty(use);
-    if (lane == 0) {
+    if (kStreamer == 0 && lane == 0) {
       uint64_t& full = sm.ring.full_barrier(use);
       barrier_expect_bytes(full, 2 * kKeyTile * D);
       tma_load_rows(args.k_map, st.k, full, w.kvh, w.doc_begin + k0);
       tma_load_transposed(args.vt_map, st.vt, full, w.kvh, D, vt_doc_start + k0);
     }
     if (i + 1 < w.tiles) next = load_scales(i + 1);
-    store_lane_scales(bytes, w, inv_c, k0, lane, st);
+    store_lane_scales<D, Share::kFirst, Share::kCount>(bytes, w, inv_c, k0, lane, st);
     sm.ring.arrive_full(use);
   }
 }
@@ -191,21 +192,21 @@ __device__ __forceinline__ void store_row_bytes(const ForwardParams& p, const Ct
   }
 }
 
-// Two warps over the CTA's items (work_items.cuh): warp 1 publishes each item, its CtaWork and row
-// bytes into Q buffer n % 2 with its Q tile; warp 0 streams the published item's key tiles. Apart,
-// finding the next item (the document search) and loading its row bytes (dependent global loads)
-// overlap the key tiles: with one warp doing both, the consumers waited at the start of an item
-// (3.2% of the forward's stall samples at 16x4096, session 16). No more items: an item of 0 tiles
-// ends the consumers.
-constexpr int kProducerWarps = 2;
+// Three warps over the CTA's items (work_items.cuh): warp 1 publishes each item, its CtaWork and row
+// bytes into Q buffer n % 2 with its Q tile; the tile streamers (warps 0 and 2) stream the published
+// item's key tiles. Apart, finding the next item (the document search) and loading its row bytes
+// (dependent global loads) overlap the key tiles: with one warp doing both, the consumers waited at
+// the start of an item (3.2% of the forward's stall samples at 16x4096, session 16). No more items:
+// an item of 0 tiles ends the consumers.
+constexpr int kProducerWarps = kStreamerRoleWarps;
 template <int D>
 __device__ __forceinline__ void produce(const ForwardArgs& args, SharedTiles<D>& sm) {
-  if (threadIdx.x / 32 == 0) {
+  const bool streamed = run_as_tile_streamer([&](auto streamer) {
     stream_work_items<CtaWork>(sm.q_ring, sm.info, [&](const CtaWork& w, int, int key_uses) {
-      produce_key_tiles(args, w, key_uses, sm);
+      produce_key_tiles<D, decltype(streamer)::value>(args, w, key_uses, sm);
     });
-    return;
-  }
+  });
+  if (streamed) return;
   const ForwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
   const int tile_slots = int(slots::slot_count(p.total_tokens, p.num_docs, kQueryRows));
@@ -642,7 +643,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   SharedTiles<D>& sm = *reinterpret_cast<SharedTiles<D>*>(smem_raw + ((1024 - smem_address(smem_raw) % 1024) % 1024));
 
   if (threadIdx.x == 0) {
-    sm.ring.init(kProducerLanes, kConsumerWarps);
+    sm.ring.init(kStreamerLanes, kConsumerWarps);
     sm.q_ring.init(kProducerLanes, kConsumerWarps);
     barrier_init_fence();
   }

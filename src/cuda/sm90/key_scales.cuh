@@ -19,14 +19,17 @@ struct LaneScaleBytes {
   __device__ __forceinline__ uint8_t v_byte(int j) const { return uint8_t(v >> (8 * j)); }
 };
 
-template <int kKeyTile>
+// Keys j = kFirst .. kFirst + kCount - 1 of the lane's (byte j each; the rest 0): a producer split
+// over several warps loads only its share.
+template <int kKeyTile, int kFirst = 0, int kCount = LaneScaleBytes<kKeyTile>::kKeysPerLane>
 __device__ __forceinline__ LaneScaleBytes<kKeyTile> load_lane_scale_bytes(const uint8_t* k_scales,
                                                                           const uint8_t* v_scales, int heads,
                                                                           int head, int doc_begin, int len, int k0,
                                                                           int lane) {
+  static_assert(kFirst >= 0 && kCount >= 1 && kFirst + kCount <= LaneScaleBytes<kKeyTile>::kKeysPerLane, "lane keys");
   LaneScaleBytes<kKeyTile> b{0u, 0u};
 #pragma unroll
-  for (int j = 0; j < LaneScaleBytes<kKeyTile>::kKeysPerLane; ++j) {
+  for (int j = kFirst; j < kFirst + kCount; ++j) {
     const int64_t s = int64_t(doc_begin + min(k0 + j * 32 + lane, len - 1)) * heads + head;
     b.k |= uint32_t(__ldg(k_scales + s)) << (8 * j);
     b.v |= uint32_t(__ldg(v_scales + s)) << (8 * j);

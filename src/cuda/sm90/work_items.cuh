@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/document_span.cuh"
 #include "cuda/sm90/attention_shape.h"
@@ -89,6 +90,37 @@ __device__ __forceinline__ void stream_work_items(StageRing<kBuffers>& ring, con
                                                   Stream stream) {
   for_each_published_item<Work, false>(ring, infos, stream);
 }
+
+// Tile streamers: each streamed tile is loaded by two producer warps on distinct SM sub-partitions,
+// warps 0 and 2 of warpgroup 0 (warp 1 publishes items): a producer warp's instructions take issue
+// slots from the two consumer warps of its sub-partition, and its per-tile work bounds how far it
+// runs ahead (session 19: the forward −2 to −3%). Streamer 0 issues the tile's TMA loads; each
+// streamer stores its share of the tile's per-key (or per-query) constants, then all its lanes
+// arrive on the tile's "full" (kStreamerLanes arrivals).
+constexpr int kTileStreamers = 2;
+constexpr int kStreamerLanes = 32 * kTileStreamers;
+constexpr int kStreamerRoleWarps = 3;  // warps 0 .. 2 of warpgroup 0 take a producer's registers and role
+// Runs stream(std::integral_constant<int, s>{}) in streamer s's warp; false in any other warp.
+template <class Stream>
+__device__ __forceinline__ bool run_as_tile_streamer(Stream stream) {
+  const int warp = int(threadIdx.x) / 32;
+  if (warp == 0) {
+    stream(std::integral_constant<int, 0>{});
+    return true;
+  }
+  if (warp == 2) {
+    stream(std::integral_constant<int, 1>{});
+    return true;
+  }
+  return false;
+}
+// Streamer kStreamer's share of the kPerLane values that each lane stores per tile: j = kFirst ..
+// kFirst + kCount - 1.
+template <int kStreamer, int kPerLane>
+struct StreamerShare {
+  static constexpr int kCount = kPerLane / kTileStreamers, kFirst = kStreamer * kCount;
+  static_assert(kCount * kTileStreamers == kPerLane, "the streamers split each lane's values evenly");
+};
 
 // A (query tile slot, query head) item of the slots x heads numbering (head-major: consecutive
 // items share a head's K and V), as the forward and dQ use it: tiles of `rows` queries, the last
