@@ -188,9 +188,10 @@ __device__ __forceinline__ void interior_u_grouped(float (&s)[kKeyTile / 2], con
 // --- producer ----------------------------------------------------------------------------------
 // An item's key tiles, the ring's uses key_uses.. on, by tile streamer kStreamer (work_items.cuh):
 // wait for an empty stage, TMA its K, V and K^T codes (streamer 0's lane 0), store the streamer's
-// share of its keys' scale factors (the next tile's bytes are loaded meanwhile) and arrive on "full". Keys past the document end load the next document's codes, transposed
-// slots the quantizer zeroed, or TMA's zeros past the tensor: finite E4M3 codes (docs/KERNELS.md,
-// "Loads") that meet an exact-zero U in dQ = U.K, and columns of S and E that the masked path drops.
+// share of its keys' scale factors (the next tile's bytes are loaded meanwhile) and arrive on
+// "full". Keys past the document end load the next document's codes, transposed slots the quantizer
+// zeroed, or TMA's zeros past the tensor: finite E4M3 codes (docs/KERNELS.md, "Loads") that meet an
+// exact-zero U in dQ = U.K, and columns of S and E that the masked path drops.
 template <int D, int kStreamer>
 __device__ __forceinline__ void produce_key_tiles(const DqArgs& args, const DqWork& w, int key_uses, DqShared<D>& sm) {
   using Share = StreamerShare<kStreamer, LaneScaleBytes<kKeyTile>::kKeysPerLane>;
@@ -242,9 +243,9 @@ __device__ __forceinline__ void store_row_constants(const BackwardParams& p, con
 
 // Three warps over the CTA's items (work_items.cuh): warp 1 publishes each item, its DqWork and row
 // constants into row buffer n % 2 with its Q and dO rows; the tile streamers (warps 0 and 2) stream
-// the published item's key tiles. Apart, finding the next item and loading its constants (dependent global loads) overlap
-// the key tiles (one warp did both: on short documents the consumers waited for it, 35% of dQ's
-// stall samples on tiny-unaligned, session 15).
+// the published item's key tiles. Apart, finding the next item and loading its constants (dependent
+// global loads) overlap the key tiles (one warp did both: on short documents the consumers waited
+// for it, 35% of dQ's stall samples on tiny-unaligned, session 15).
 constexpr int kProducerWarps = kStreamerRoleWarps;
 template <int D>
 __device__ __forceinline__ void produce(const DqArgs& args, DqShared<D>& sm) {

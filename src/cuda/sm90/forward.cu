@@ -129,9 +129,10 @@ __device__ __forceinline__ void store_lane_scales(const TileScaleBytes& b, const
 // An item's key tiles, the ring's uses key_uses.. on, by tile streamer kStreamer (work_items.cuh):
 // per key tile i, wait until its stage is empty, TMA its K and V^T codes (streamer 0's lane 0),
 // store the streamer's share of the per-key scale factors (the bytes of tile i + 1 are loaded
-// meanwhile), then every lane arrives on "full". Keys past the document end load the next document's codes, transposed slots the quantizer
-// zeroed, or TMA's zeros past the tensor: finite E4M3 codes (docs/KERNELS.md, "Loads") whose P is
-// exactly 0, and columns of S that the masked path drops.
+// meanwhile), then every lane arrives on "full". Keys past the document end load the next
+// document's codes, transposed slots the quantizer zeroed, or TMA's zeros past the tensor: finite
+// E4M3 codes (docs/KERNELS.md, "Loads") whose P is exactly 0, and columns of S that the masked path
+// drops.
 template <int D, int kStreamer>
 __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const CtaWork& w, int key_uses,
                                                   SharedTiles<D>& sm) {
@@ -140,8 +141,8 @@ __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const
   const int lane = int(threadIdx.x) % 32;
   const int vt_doc_start = int(layout::transposed_document_start(w.doc_begin, w.doc));
   auto load_scales = [&](int i) {
-    return load_lane_scale_bytes<kKeyTile, Share::kFirst, Share::kCount>(p.k_scales, p.v_scales, p.kv_heads, w.kvh,
-                                                                         w.doc_begin, w.len, key_tile_start(w, i), lane);
+    return load_lane_scale_bytes<kKeyTile, Share::kFirst, Share::kCount>(
+        p.k_scales, p.v_scales, p.kv_heads, w.kvh, w.doc_begin, w.len, key_tile_start(w, i), lane);
   };
   TileScaleBytes next = load_scales(0);
   const float inv_c = pow2i(w.c_exp == kNaNExponent ? kNaNExponent : -w.c_exp);
