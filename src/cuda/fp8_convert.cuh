@@ -2,6 +2,7 @@
 // Hopper attention kernels (device code only).
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -27,6 +28,12 @@ __device__ __forceinline__ float decode_e4m3(uint8_t code) {
   __nv_fp8_e4m3 x;
   x.__x = code;
   return float(x);
+}
+
+// The values of two E4M3 codes (the low byte of `codes` first), through the hardware's E4M3 to
+// half conversion: exact (every E4M3 value is a half).
+__device__ __forceinline__ float2 decode_e4m3x2(uint16_t codes) {
+  return __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes), __NV_E4M3)));
 }
 
 }  // namespace flamia::cuda
