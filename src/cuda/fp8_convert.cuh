@@ -23,13 +23,6 @@ __device__ __forceinline__ uint32_t pack_e4m3x2(float lo, float hi) {
   return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
 }
 
-// The value of an E4M3 code.
-__device__ __forceinline__ float decode_e4m3(uint8_t code) {
-  __nv_fp8_e4m3 x;
-  x.__x = code;
-  return float(x);
-}
-
 // The values of two E4M3 codes (the low byte of `codes` first), through the hardware's E4M3 to
 // half conversion: exact (every E4M3 value is a half).
 __device__ __forceinline__ float2 decode_e4m3x2(uint16_t codes) {

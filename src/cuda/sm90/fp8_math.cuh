@@ -54,7 +54,7 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-using cuda::decode_e4m3;
+using cuda::decode_e4m3x2;
 using cuda::pack_e4m3x2;
 
 // Sum / max over the 4 lanes (t = 0..3) that share an accumulator row.
