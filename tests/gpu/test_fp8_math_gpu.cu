@@ -1,8 +1,8 @@
 // The kernels' scale arithmetic (cuda/sm90/fp8_math.cuh) against the host's formats rules over
-// the whole domain: 2^e and 2^-e of every UE8M0 code, built from the code's bits, and the row
-// scales of the backward's dS operands from a quad's max. (The backward's
-// sigma and tau are these of formats::scale_for_float_amax's code, which the CPU tests check
-// against the double rule on every float exponent.)
+// the whole domain: 2^e and 2^-e of every UE8M0 code, built from the code's bits; the row scales of
+// the backward's dS operands from a quad's max (the backward's sigma and tau are these of
+// formats::scale_for_float_amax's code, which the CPU tests check against the double rule on every
+// float exponent); and the E4M3 decode of every pair of codes.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +14,7 @@
 
 #include "cuda/sm90/fp8_math.cuh"
 #include "forward_harness.h"
+#include "formats/minifloat.h"
 #include "formats/scales.h"
 
 namespace flamia::gpu_test {
@@ -100,6 +101,33 @@ TEST(Fp8Math, CeilRowScalesFollowTheScaleRuleOfTheQuadMax) {
             << "2^-s, lane " << lane << " row " << r << ", max " << m << ": " << v[size_t(2 * lane + r)];
       }
   }
+}
+
+// decode_e4m3x2 (the backward prep's E4M3 decode, through the hardware's E4M3-to-half conversion)
+// of every pair of codes: each value is the shared codec's formats::decode_e4m3, NaN for NaN.
+__global__ void decode_every_pair(float2* out) {
+  const int pair = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);  // low byte: the first code
+  out[pair] = cuda::sm90::decode_e4m3x2(uint16_t(pair));
+}
+
+TEST(Fp8Math, DecodeOfEveryE4m3PairMatchesTheSharedCodec) {
+  FLAMIA_REQUIRE_GPU();
+  constexpr int kPairs = 1 << 16;
+  DeviceBuffer out(kPairs * sizeof(float2));
+  decode_every_pair<<<kPairs / 256, 256>>>(static_cast<float2*>(out.get()));
+  FLAMIA_CUDA_CHECK(cudaGetLastError());
+  std::vector<float2> got(kPairs);
+  FLAMIA_CUDA_CHECK(cudaMemcpy(got.data(), out.get(), kPairs * sizeof(float2), cudaMemcpyDeviceToHost));
+  int wrong = 0;
+  for (int pair = 0; pair < kPairs; ++pair) {
+    const float2 g = got[size_t(pair)];
+    const float want_lo = float(formats::decode_e4m3(uint8_t(pair)));
+    const float want_hi = float(formats::decode_e4m3(uint8_t(pair >> 8)));
+    if ((!same_float(g.x, want_lo) || !same_float(g.y, want_hi)) && ++wrong <= 8)
+      ADD_FAILURE() << "codes 0x" << std::hex << (pair & 0xFF) << ", 0x" << (pair >> 8) << std::dec << ": got (" << g.x
+                    << ", " << g.y << "), want (" << want_lo << ", " << want_hi << ")";
+  }
+  EXPECT_EQ(wrong, 0) << "pairs decoded differently from formats::decode_e4m3";
 }
 
 }  // namespace
