@@ -49,7 +49,7 @@ static_assert(kQueryTile == 64, "S^T is one m64n64 product per k-step");
 static_assert(tiling::kBwdKeyTile % kKeyRows == 0, "a CTA's keys lie inside one backward key tile");
 constexpr int kProducerLanes = 32;  // the key buffers' producer warp (the publisher)
 constexpr int kConsumerWarps = 4 * kConsumers;
-constexpr int kQueriesPerLane = kQueryTile / kProducerLanes;
+constexpr int kQueriesPerLane = kQueryTile / 32;  // per step and producer lane (query = j 32 + lane)
 
 // The two schedules (launch_backward_dkdv picks one per call). Registers per thread after the
 // hand-over: 128 x 24 + 256 x 240 = 128 x 40 + 256 x 232 = 64512 of the SM's 65536.
