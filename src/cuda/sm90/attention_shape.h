@@ -18,4 +18,16 @@ struct AttentionShape {
   bool group_scales;
 };
 
+// Whether the attention kernels' two consumer warpgroups take turns at issuing their products
+// (tma.cuh's ConsumerTurns; the launchers pick the kernel instance): where interior tiles take the
+// grouped arithmetic, which is about as long as a step's products, and documents are long on
+// average. On the H200 (session 20) turns took 2-4% off the forward on long documents and 1-2%
+// off dQ and dK dV's grid schedule; with per-key scales (prefix isolation, token geometry), whose
+// arithmetic per step is longer, they made the forward 3-5% slower, and on short documents (each
+// item a few steps) ~1.5%.
+inline constexpr int kTurnsFromMeanDocument = 512;
+inline bool consumers_take_turns(const AttentionShape& s) {
+  return s.group_scales && int64_t(s.total_tokens) >= int64_t(kTurnsFromMeanDocument) * s.num_docs;
+}
+
 }  // namespace flamia::cuda::sm90

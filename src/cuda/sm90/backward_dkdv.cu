@@ -49,6 +49,8 @@ static_assert(kQueryTile == 64, "S^T is one m64n64 product per k-step");
 static_assert(tiling::kBwdKeyTile % kKeyRows == 0, "a CTA's keys lie inside one backward key tile");
 constexpr int kProducerLanes = 32;  // the key buffers' producer warp (the publisher)
 constexpr int kConsumerWarps = 4 * kConsumers;
+template <bool kTurns>
+using Turns = ConsumerTurns<1, kTurns>;  // named barriers 1 and 2
 constexpr int kQueriesPerLane = kQueryTile / 32;  // per step and producer lane (query = j 32 + lane)
 
 // The two schedules (launch_backward_dkdv picks one per call). Registers per thread after the
@@ -405,9 +407,9 @@ __device__ __forceinline__ void produce_items(const DkdvArgs& args, DkdvShared<D
 // A warpgroup of 64 keys of one item (key buffer b, steps at the ring's uses step_uses..); per step:
 // S^T and E^T, P~ and U (into pa and e), tau, dV += P~^T.dO and dK += 2^tau U~^T.Q, then the stage
 // is released.
-template <int D, int kKeyBuffers>
+template <int D, int kKeyBuffers, bool kTurns>
 __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w, int b, int step_uses,
-                                        DkdvShared<D, kKeyBuffers>& sm) {
+                                        DkdvShared<D, kKeyBuffers>& sm, const Turns<kTurns>& turns) {
   const BackwardParams& p = args.p;
   const DocumentSpan& d = w.d;
   const auto [consumer, warp, lane, g, t] = consumer_thread();
@@ -434,6 +436,8 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
   // time at 16x4096), by division in the persistent one (at 232 registers it measured 5% slower
   // on tiny-unaligned carrying the cursor from step to step; session 17).
   constexpr bool kPersistent = kKeyBuffers == DkdvSchedule<true>::kKeyBuffers;
+  // With kTurns, S^T and E^T of a step are issued in a turn (tma.cuh; a turn around dV's and dK's
+  // products as well measured 1-3% slower, session 20).
   QuerySteps::Cursor at = w.steps.first();
   for (int step = 0; step < w.tiles; ++step, at = w.steps.next(at)) {
     const int q0 = kPersistent ? w.steps.at(step).q0 : at.q0, use = step_uses + step;
@@ -442,10 +446,12 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
 
     // S^T = K . Q^T and E^T = V . dO^T: 64 keys x 64 queries each, D/32 k-steps.
     float s[kQueryTile / 2], e[kQueryTile / 2];
+    turns.begin();
     wgmma_fence();
     rows_product<D, kQueryTile, kRowsLayout>(s, k_rows, st.q);
     rows_product<D, kQueryTile, kRowsLayout>(e, v_rows, st.g);
     wgmma_commit();
+    turns.end();
     wgmma_wait<0>();
     fence_accumulators(s);
     fence_accumulators(e);
@@ -493,8 +499,11 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
   }
 }
 
-template <int D, bool kPersistent>
+// kTurns: the grid schedule's consumers take turns (attention_shape.h's consumers_take_turns, which
+// holds only where the mean document is long enough for the grid schedule).
+template <int D, bool kPersistent, bool kTurns>
 __global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid_constant__ DkdvArgs args) {
+  static_assert(!(kPersistent && kTurns), "the persistent schedule (short documents) takes no turns");
   using Schedule = DkdvSchedule<kPersistent>;
   auto& sm = aligned_shared_storage<DkdvSharedFor<D, kPersistent>>();
   auto init = [&] {
@@ -506,7 +515,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid
         init, [&] { produce_items(args, sm); },
         [&] {
           consume_work_items<DkdvWork>(sm.keys_ring, sm.info, [&](const DkdvWork& w, int n, int step_uses) {
-            consume(args, w, sm.keys_ring.stage(n), step_uses, sm);
+            consume(args, w, sm.keys_ring.stage(n), step_uses, sm, Turns<false>{});
           });
         });
   } else {
@@ -526,8 +535,11 @@ __global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid
           });
         },
         [&] {
+          const Turns<kTurns> turns{consumer_thread().consumer};
+          turns.open();
           sm.keys_ring.wait_full(0);
-          consume(args, w, 0, 0, sm);
+          consume(args, w, 0, 0, sm, turns);
+          turns.close();
         });
   }
 }
@@ -549,11 +561,13 @@ int launch_backward_dkdv(const BackwardParams& p, void* stream) {
     const auto cuda_stream = static_cast<cudaStream_t>(stream);
     if (dkdv_runs_persistent(p.total_tokens, p.num_docs)) {
       const int64_t items = slots::slot_count(p.total_tokens, p.num_docs, kKeyRows) * p.kv_heads;
-      return launch_persistent(backward_dkdv_kernel<D, true>, args, kDkdvSharedBytes<D, true>, kThreads, items,
+      return launch_persistent(backward_dkdv_kernel<D, true, false>, args, kDkdvSharedBytes<D, true>, kThreads, items,
                                p.work_counter, cuda_stream);
     }
-    return launch_over_tile_slots(backward_dkdv_kernel<D, false>, args, kDkdvSharedBytes<D, false>, kThreads,
-                                  p.total_tokens, p.num_docs, kKeyRows, p.kv_heads, cuda_stream);
+    const auto grid_kernel =
+        consumers_take_turns(p) ? backward_dkdv_kernel<D, false, true> : backward_dkdv_kernel<D, false, false>;
+    return launch_over_tile_slots(grid_kernel, args, kDkdvSharedBytes<D, false>, kThreads, p.total_tokens,
+                                  p.num_docs, kKeyRows, p.kv_heads, cuda_stream);
   });
 }
 

@@ -12,7 +12,8 @@
 // item's Q and dO rows (two row buffers: the next item's land while this one runs) with their
 // per-row constants, and each key tile's K rows, V rows and K^T (the quantizer's transposed layout)
 // by TMA into a ring of stages that runs on across items, with the keys' scale factors; warpgroups
-// 1 and 2 (64 rows each) compute, each at its own pace.
+// 1 and 2 (64 rows each) compute, taking turns at issuing their products with the grouped
+// arithmetic on long documents (tma.cuh's ConsumerTurns, attention_shape.h).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -49,6 +50,8 @@ static_assert(kKeyTile % kQueryRows == 0, "a CTA's rows share their diagonal key
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 constexpr int kProducerLanes = 32;  // the rows ring's producer warp (the publisher)
 constexpr int kConsumerWarps = 4 * kConsumers;
+template <bool kTurns>
+using Turns = ConsumerTurns<1, kTurns>;  // named barriers 1 and 2
 
 // One key tile's codes and scales (1024-byte aligned for the 128-byte swizzle).
 template <int D>
@@ -287,8 +290,9 @@ __device__ __forceinline__ void produce(const DqArgs& args, DqShared<D>& sm) {
 // A warpgroup of 64 query rows of one item (rows buffer b, key tiles at the ring's uses key_uses..);
 // per key tile: S and E, U (into s), sigma, dQ_tile = U~.K, then the stage is released and dQ_tile
 // added at 2^sigma.
-template <int D>
-__device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, int b, int key_uses, DqShared<D>& sm) {
+template <int D, bool kTurns>
+__device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, int b, int key_uses, DqShared<D>& sm,
+                                        const Turns<kTurns>& turns) {
   const BackwardParams& p = args.p;
   const DocumentSpan& d = w.d;
   const DqRowInfo& info = sm.info[b];
@@ -308,6 +312,7 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, int
   const uint8_t* q_rows = sm.q[b] + consumer * kWarpgroupRows * D;
   const uint8_t* g_rows = sm.g[b] + consumer * kWarpgroupRows * D;
 
+  // With kTurns, each of a step's two issues is a turn (tma.cuh).
   float dq_acc[D / 2];
   zero(dq_acc);
   for (int i = 0; i < w.tiles; ++i) {
@@ -317,10 +322,12 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, int
 
     // S = Q . K^T and E = dO . V^T: 64 queries x 128 keys each, D/32 k-steps.
     float s[kKeyTile / 2], e[kKeyTile / 2];
+    turns.begin();
     wgmma_fence();
     rows_product<D, kKeyTile, kRowsLayout>(s, q_rows, st.k);
     rows_product<D, kKeyTile, kRowsLayout>(e, g_rows, st.v);
     wgmma_commit();
+    turns.end();
     wgmma_wait<0>();
     fence_accumulators(s);
     fence_accumulators(e);
@@ -343,9 +350,11 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, int
     // dQ_tile = U~ . K codes (B: K transposed, keys permuted).
     float dq_tile[D / 2];
     zero(dq_tile);
+    turns.begin();
     wgmma_fence();
     register_product<D, kKeyTile, kKtLayout>(dq_tile, ua, st.kt);
     wgmma_commit();
+    turns.end();
     wgmma_wait<0>();
     fence_accumulators(dq_tile);
     if (lane == 0) sm.ring.arrive_empty(use);  // this warp is done with the tile
@@ -360,7 +369,7 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, int
   }
 }
 
-template <int D>
+template <int D, bool kTurns>
 __global__ void __launch_bounds__(kThreads, 1) backward_dq_kernel(const __grid_constant__ DqArgs args) {
   DqShared<D>& sm = aligned_shared_storage<DqShared<D>>();
   run_roles<kProducerRegisters, kConsumerRegisters, kProducerWarps>(
@@ -370,9 +379,12 @@ __global__ void __launch_bounds__(kThreads, 1) backward_dq_kernel(const __grid_c
       },
       [&] { produce(args, sm); },
       [&] {
+        const Turns<kTurns> turns{consumer_thread().consumer};
+        turns.open();
         consume_work_items<DqWork>(sm.rows_ring, sm.info, [&](const DqWork& w, int n, int key_uses) {
-          consume(args, w, sm.rows_ring.stage(n), key_uses, sm);
+          consume(args, w, sm.rows_ring.stage(n), key_uses, sm, turns);
         });
+        turns.close();
       });
 }
 
@@ -390,7 +402,8 @@ int launch_backward_dq(const BackwardParams& p, void* stream) {
     if (e == cudaSuccess) e = transposed_form_map(args.kt_map, p.k_codes_t, p.t_pitch, p.kv_heads, D, kKeyTile);
     if (e != cudaSuccess) return e;
     const int64_t items = slots::slot_count(p.total_tokens, p.num_docs, kQueryRows) * p.q_heads;
-    return launch_persistent(backward_dq_kernel<D>, args, kDqSharedBytes<D>, kThreads, items, p.work_counter,
+    const auto kernel = consumers_take_turns(p) ? backward_dq_kernel<D, true> : backward_dq_kernel<D, false>;
+    return launch_persistent(kernel, args, kDqSharedBytes<D>, kThreads, items, p.work_counter,
                              static_cast<cudaStream_t>(stream));
   });
 }

@@ -11,8 +11,8 @@
 // Q tiles and stages pass between them through mbarriers (tma.cuh): "full" when the loads landed,
 // "empty" when both consumers are done. Each consumer overlaps its softmax with the tensor cores:
 // in step i it issues S_i = Q.K_i and O += P~_{i-1}.V_{i-1} together, and computes the softmax of
-// S_i while the second product runs (FA3's intra-warpgroup overlap). The consumers run unsynchronized;
-// making them take turns at issuing (FA3's ping-pong, named barriers) measured no different.
+// S_i while the second product runs (FA3's intra-warpgroup overlap); with the grouped arithmetic on
+// long documents the two consumers take turns at issuing (FA3's ping-pong: tma.cuh's ConsumerTurns).
 // It implements the emulation's numerics as docs/NUMERICS.md states them.
 //
 // Per key tile (128 keys, from the diagonal tile down, as the emulation):
@@ -59,6 +59,9 @@ static_assert(kQueryRows == tiling::kFwdQueryTile && tiling::kFwdKeyTile % kQuer
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 constexpr int kProducerLanes = 32;   // the Q ring's producer warp (the publisher)
 constexpr int kConsumerWarps = 4 * kConsumers;  // each arrives on "empty"
+template <bool kTurns>
+using Turns = ConsumerTurns<1, kTurns>;  // named barriers 1 and 2
+static_assert(kConsumers == 2, "the consumers take turns in pairs");
 
 // One key tile's operands; stages of the ring are 1024-byte aligned, as the 128-byte swizzle of
 // the TMA-written tiles requires.
@@ -540,7 +543,7 @@ __device__ __forceinline__ void store_item_output(const ForwardParams& p, const 
 // new running max and packs P~_i. Consecutive items overlap the same way: the last step of item n
 // issues item n+1's S_0 with its own last P.V, runs n+1's first softmax while that P.V runs, then
 // stores n's O and LSE; so only a CTA's first S and its last P.V run alone.
-template <int D>
+template <int D, bool kTurns>
 __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTiles<D>& sm) {
   const ForwardParams& p = args.p;
   const ConsumerThread me = consumer_thread();
@@ -576,12 +579,17 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
 
   ItemRows it;
   if (!published(0, 0, it)) return;
-  // Every step's wgmma sequence is straight-line code (no branch between issue and wait), or the
-  // compiler serializes the products.
+  // A step waits for its stage, then issues its products, in a turn with kTurns (the two consumers
+  // alternate on the tensor cores). Every step's wgmma sequence is straight-line code (no branch
+  // between issue and wait), or the compiler serializes the products.
+  const Turns<kTurns> turns{me.consumer};
+  turns.open();
   {  // the first item's step 0: S_0 alone
     sm.ring.wait_full(it.key_uses);
+    turns.begin();
     wgmma_fence();
     issue_s(it, 0);
+    turns.end();
     wgmma_wait<0>();
     start_item();
     float alpha[2];
@@ -591,9 +599,11 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   for (int n = 0;; ++n) {
     for (int i = 1; i < it.w.tiles; ++i) {
       sm.ring.wait_full(it.key_uses + i);
+      turns.begin();
       wgmma_fence();
       issue_s(it, i);
       issue_pv(it, i - 1);
+      turns.end();
       wgmma_wait<1>();  // S_i is done; P.V may still run
       float alpha[2];
       tile_softmax(p, it, stage(it.key_uses + i), i, s, m, l, alpha);
@@ -608,18 +618,23 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
     const int last = it.w.tiles - 1;
     ItemRows next;
     if (!published(n + 1, it.key_uses + it.w.tiles, next)) {  // the last item: its P.V alone
+      turns.begin();
       wgmma_fence();
       issue_pv(it, last);
+      turns.end();
       wgmma_wait<0>();
       fence_accumulators(o_acc);
       if (lane == 0) sm.ring.arrive_empty(it.key_uses + last);
       store_item_output(p, it, o_acc, m, l);
+      turns.close();
       return;
     }
     sm.ring.wait_full(next.key_uses);
+    turns.begin();
     wgmma_fence();
     issue_s(next, 0);
     issue_pv(it, last);
+    turns.end();
     wgmma_wait<1>();  // the next item's S_0 is done; this item's last P.V may still run
     float next_m[2] = {-INFINITY, -INFINITY}, next_l[2] = {0.f, 0.f}, alpha[2];
     tile_softmax(p, next, stage(next.key_uses), 0, s, next_m, next_l, alpha);  // its O is still 0
@@ -635,7 +650,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   }
 }
 
-template <int D>
+template <int D, bool kTurns>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ ForwardArgs args) {
   // The skeleton of tma.cuh's aligned_shared_storage and run_roles, written out: through those
   // helpers (as the backward kernels use them) this kernel compiled to other SASS and measured 1%
@@ -654,7 +669,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     if (threadIdx.x < 32 * kProducerWarps) produce(args, sm);
   } else {
     claim_registers<kConsumerRegisters>();
-    consume_items(args, sm);
+    consume_items<D, kTurns>(args, sm);
   }
 }
 
@@ -670,7 +685,8 @@ int launch_forward(const ForwardParams& p, void* stream) {
     if (e == cudaSuccess) e = transposed_form_map(args.vt_map, p.v_codes_t, p.vt_pitch, p.kv_heads, D, kKeyTile);
     if (e != cudaSuccess) return e;
     const int64_t items = slots::slot_count(p.total_tokens, p.num_docs, kQueryRows) * p.q_heads;
-    return launch_persistent(forward_kernel<D>, args, kSharedBytes<D>, kThreads, items, p.work_counter,
+    const auto kernel = consumers_take_turns(p) ? forward_kernel<D, true> : forward_kernel<D, false>;
+    return launch_persistent(kernel, args, kSharedBytes<D>, kThreads, items, p.work_counter,
                              static_cast<cudaStream_t>(stream));
   });
 }

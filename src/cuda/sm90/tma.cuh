@@ -100,6 +100,47 @@ struct StageRing {
   __device__ __forceinline__ void arrive_empty(int i) { barrier_arrive(empty[i % kStages]); }
 };
 
+// --- consumer turns (FA3's ping-pong) -------------------------------------------------------------
+// Two consumer warpgroups take turns at issuing their tensor-core products, so that the products
+// queue on the tensor cores as consumer 0's, 1's, 0's, ... and one warpgroup's arithmetic (the
+// softmax, U) runs while the other's products do; left alone, the two drift into step, compute at
+// once on shared issue slots and leave the tensor cores idle meanwhile. A turn is begin() .. end()
+// around the issue of one step's products; both consumers take the same turns, between open() and
+// close(). Consumer 0 goes first: consumer 1 opens with one arrival on consumer 0's barrier, which
+// consumer 0 takes back when it closes, so that no arrival is left pending when the CTA exits.
+// Named barriers kFirstBarrier + c (c = 0, 1; barrier 0 is __syncthreads'), each counting both
+// warpgroups' threads: consumer c's 128 wait on it (bar.sync), the other's 128 arrive (bar.arrive).
+// With kActive false every call is a no-op: a kernel takes turns or not as a template parameter
+// (attention_shape.h, consumers_take_turns), because a runtime choice of each turn (a predicate
+// held through the tile loop) cost the forward and dK dV 3% even where no turn was taken.
+template <int kFirstBarrier, bool kActive>
+struct ConsumerTurns {
+  static_assert(kFirstBarrier >= 1 && kFirstBarrier + 1 < 16, "named barriers 1..15");
+  static constexpr int kThreads = 2 * 128;
+  int consumer;  // 0 or 1
+
+  __device__ __forceinline__ void open() const {
+    if (kActive && consumer == 1) arrive(kFirstBarrier);
+  }
+  __device__ __forceinline__ void begin() const {
+    if (kActive) sync(kFirstBarrier + consumer);
+  }
+  __device__ __forceinline__ void end() const {
+    if (kActive) arrive(kFirstBarrier + 1 - consumer);
+  }
+  __device__ __forceinline__ void close() const {
+    if (kActive && consumer == 0) sync(kFirstBarrier);
+  }
+
+ private:
+  __device__ __forceinline__ static void sync(int barrier) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(barrier), "n"(kThreads) : "memory");
+  }
+  __device__ __forceinline__ static void arrive(int barrier) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(barrier), "n"(kThreads) : "memory");
+  }
+};
+
 // --- warpgroup registers -----------------------------------------------------------------------
 // Every thread of a warpgroup executes the same call: producers give registers back, consumers
 // take them (the counts are per thread, multiples of 8).
