@@ -216,17 +216,26 @@ reference::PackedTensor leading_tokens(const reference::PackedTensor& t, int tok
 }
 
 // dK dV runs one of two schedules per call (backward_dkdv.cu's DkdvSchedule: one CTA per item when
-// documents are long on average, persistent CTAs when they are short), and both give bitwise the
-// same gradients: two calls over the same two long documents, the second with short documents
-// appended until the mean length falls below the switch, must agree on the long documents' outputs
-// and gradients, documents being independent. Both head dims, document and prefix isolation.
-TEST(Backward, BothDkdvSchedulesGiveBitwiseTheSameGradients) {
+// documents are long on average, persistent CTAs when they are short), and the consumers of the
+// forward, dQ and dK dV take turns at issuing their products or not (attention_shape.h's
+// consumers_take_turns: grouped scales and long documents); every combination gives bitwise the
+// same results: two calls over the same two long documents, the second with short documents
+// appended until the mean length falls below both switches, must agree on the long documents'
+// outputs and gradients, documents being independent. Both head dims, document isolation with
+// block32 (turns, then none) and prefix isolation (no turns).
+TEST(Backward, BothDkdvSchedulesAndConsumerTurnsGiveBitwiseTheSameResults) {
   FLAMIA_REQUIRE_GPU();
   const std::vector<int> long_docs = {2500, 3100};
   const int tokens = long_docs[0] + long_docs[1];
   ASSERT_FALSE(cuda::sm90::dkdv_runs_persistent(tokens, int64_t(long_docs.size())));
+  ASSERT_TRUE(cuda::sm90::consumers_take_turns(true, tokens, int64_t(long_docs.size())));
   std::vector<int> with_short = long_docs;
-  for (int t = tokens; !cuda::sm90::dkdv_runs_persistent(t, int64_t(with_short.size())); t += 64) with_short.push_back(64);
+  int short_tokens = tokens;
+  while (!cuda::sm90::dkdv_runs_persistent(short_tokens, int64_t(with_short.size()))) {
+    with_short.push_back(64);
+    short_tokens += 64;
+  }
+  ASSERT_FALSE(cuda::sm90::consumers_take_turns(true, short_tokens, int64_t(with_short.size())));
   for (int dim : {128, 64}) {
     const auto in_short = analysis::random_inputs({with_short, 8, 2, dim}, 23);
     const analysis::AttentionInputs in_long{Documents::from_lengths(long_docs), leading_tokens(in_short.q, tokens),

@@ -26,8 +26,11 @@ struct AttentionShape {
 // arithmetic per step is longer, they made the forward 3-5% slower, and on short documents (each
 // item a few steps) ~1.5%.
 inline constexpr int kTurnsFromMeanDocument = 512;
+inline bool consumers_take_turns(bool group_scales, int64_t total_tokens, int64_t num_docs) {
+  return group_scales && total_tokens >= int64_t(kTurnsFromMeanDocument) * num_docs;
+}
 inline bool consumers_take_turns(const AttentionShape& s) {
-  return s.group_scales && int64_t(s.total_tokens) >= int64_t(kTurnsFromMeanDocument) * s.num_docs;
+  return consumers_take_turns(s.group_scales, s.total_tokens, s.num_docs);
 }
 
 }  // namespace flamia::cuda::sm90
