@@ -21,10 +21,10 @@ struct AttentionShape {
 // Whether the attention kernels' two consumer warpgroups take turns at issuing their products
 // (tma.cuh's ConsumerTurns; the launchers pick the kernel instance): where interior tiles take the
 // grouped arithmetic, which is about as long as a step's products, and documents are long on
-// average. On the H200 (session 20) turns took 2-4% off the forward on long documents and 1-2%
-// off dQ and dK dV's grid schedule; with per-key scales (prefix isolation, token geometry), whose
-// arithmetic per step is longer, they made the forward 3-5% slower, and on short documents (each
-// item a few steps) ~1.5%.
+// average. On the H200 (session 20) turns took 1-3% off the forward on long documents and up to
+// 1-2% off dQ and dK dV's grid schedule; with per-key scales (prefix isolation, token geometry),
+// whose arithmetic per step is longer, they made the forward 3-5% slower, and on short documents
+// (each item a few steps) ~1.5%.
 inline constexpr int kTurnsFromMeanDocument = 512;
 inline bool consumers_take_turns(bool group_scales, int64_t total_tokens, int64_t num_docs) {
   return group_scales && total_tokens >= int64_t(kTurnsFromMeanDocument) * num_docs;

@@ -437,7 +437,7 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
   // on tiny-unaligned carrying the cursor from step to step; session 17).
   constexpr bool kPersistent = kKeyBuffers == DkdvSchedule<true>::kKeyBuffers;
   // With kTurns, S^T and E^T of a step are issued in a turn (tma.cuh; a turn around dV's and dK's
-  // products as well measured 1-3% slower, session 20).
+  // products as well measured 0.3-6% slower, session 20).
   QuerySteps::Cursor at = w.steps.first();
   for (int step = 0; step < w.tiles; ++step, at = w.steps.next(at)) {
     const int q0 = kPersistent ? w.steps.at(step).q0 : at.q0, use = step_uses + step;

@@ -111,8 +111,8 @@ struct StageRing {
 // Named barriers kFirstBarrier + c (c = 0, 1; barrier 0 is __syncthreads'), each counting both
 // warpgroups' threads: consumer c's 128 wait on it (bar.sync), the other's 128 arrive (bar.arrive).
 // With kActive false every call is a no-op: a kernel takes turns or not as a template parameter
-// (attention_shape.h, consumers_take_turns), because a runtime choice of each turn (a predicate
-// held through the tile loop) cost the forward and dK dV 3% even where no turn was taken.
+// (attention_shape.h, consumers_take_turns), because a run-time choice of each turn (a predicate
+// held through the tile loop) cost the forward 1-3% even where no turn was taken.
 template <int kFirstBarrier, bool kActive>
 struct ConsumerTurns {
   static_assert(kFirstBarrier >= 1 && kFirstBarrier + 1 < 16, "named barriers 1..15");
