@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Whether two builds of the library compute the same bits: whole training calls (o, lse, dq, dk, dv)
+on benchmark workloads, saved by one build and compared bitwise by another. A kernel change that
+only reorders work (scheduling, barriers, loads) must pass this before it is timed.
+
+The library is the one at $FLAMIA_CAPI_LIB (python/flamia/_capi.py), so each build runs in its own
+process:
+
+  FLAMIA_CAPI_LIB=main.so    python3 bench/compare_libraries.py save /tmp/ref.pt
+  FLAMIA_CAPI_LIB=variant.so python3 bench/compare_libraries.py compare /tmp/ref.pt   # exit 1 if any differs
+
+Options: --workloads (comma-separated, default tiny-unaligned,16x4096,4x16384-gqa16/4,1x65536),
+--isolation (document, prefix or both; default both), --seed. Run from the repository root on a GPU
+machine with PYTHONPATH=python (or flamia installed).
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import workloads as W  # noqa: E402
+
+OUTPUTS = ("o", "lse", "dq", "dk", "dv")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("mode", choices=("save", "compare"))
+    p.add_argument("path", help="the saved outputs (torch.save file)")
+    p.add_argument("--workloads", default="tiny-unaligned,16x4096,4x16384-gqa16/4,1x65536")
+    p.add_argument("--isolation", choices=("document", "prefix", "both"), default="both")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.names = args.workloads.split(",")
+    unknown = [n for n in args.names if n not in W.WORKLOADS]
+    if unknown:
+        p.error(f"unknown workload(s) {unknown}; known: {', '.join(W.WORKLOADS)}")
+    args.modes = ("document", "prefix") if args.isolation == "both" else (args.isolation,)
+    return args
+
+
+def training_call(torch, flamia, name, isolation, seed):
+    w = W.WORKLOADS[name]
+    lens, hq, hkv, d = w["lens"], W.Q_HEADS, W.kv_heads(w), W.HEAD_DIM
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(W.TOTAL, h, d, generator=g, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
+               for h in (hq, hkv, hkv))
+    dout = torch.randn(W.TOTAL, hq, d, generator=g, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor(W.cu_seqlens(lens), dtype=torch.int32, device="cuda")
+    o, lse = flamia.attention(q, k, v, cu, max(lens), isolation=isolation, return_lse=True)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), dout)
+    return [t.detach().cpu() for t in (o, lse, dq, dk, dv)]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+    import flamia
+    if not torch.cuda.is_available():
+        sys.exit("compare_libraries: needs a CUDA GPU")
+    library = os.environ.get("FLAMIA_CAPI_LIB", "(the installed package's)")
+    results = {}
+    for isolation in args.modes:
+        for name in args.names:
+            print(f"compare_libraries: {name}, {isolation} ...", file=sys.stderr, flush=True)
+            results[f"{isolation}/{name}"] = training_call(torch, flamia, name, isolation, args.seed)
+    if args.mode == "save":
+        torch.save(results, args.path)
+        print(f"saved {len(results)} training calls of {library} to {args.path}")
+        return 0
+    saved = torch.load(args.path)
+    differing = 0
+    for key, tensors in results.items():
+        if key not in saved:
+            print(f"{key}: not in {args.path}")
+            differing += 1
+            continue
+        unequal = [n for n, a, b in zip(OUTPUTS, tensors, saved[key]) if not torch.equal(a, b)]
+        print(f"{key}: " + ("bitwise equal" if not unequal else "DIFFERS in " + ", ".join(unequal)))
+        differing += bool(unequal)
+    print(f"{library}: {len(results) - differing} of {len(results)} training calls bitwise equal")
+    return 1 if differing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
