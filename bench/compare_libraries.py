@@ -40,13 +40,8 @@ def parse_args(argv):
 
 
 def training_call(torch, flamia, name, isolation, seed):
-    w = W.WORKLOADS[name]
-    lens, hq, hkv, d = w["lens"], W.Q_HEADS, W.kv_heads(w), W.HEAD_DIM
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = (torch.randn(W.TOTAL, h, d, generator=g, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
-               for h in (hq, hkv, hkv))
-    dout = torch.randn(W.TOTAL, hq, d, generator=g, device="cuda", dtype=torch.bfloat16)
-    cu = torch.tensor(W.cu_seqlens(lens), dtype=torch.int32, device="cuda")
+    lens = W.WORKLOADS[name]["lens"]
+    q, k, v, dout, cu = W.training_inputs(torch, name, seed=seed)
     o, lse = flamia.attention(q, k, v, cu, max(lens), isolation=isolation, return_lse=True)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), dout)
     return [t.detach().cpu() for t in (o, lse, dq, dk, dv)]

@@ -58,14 +58,9 @@ def parse_args(argv):
 
 
 def one_workload(torch, flamia, name, args):
-    w = W.WORKLOADS[name]
-    lens, hq, hkv, d = w["lens"], W.Q_HEADS, W.kv_heads(w), W.HEAD_DIM
-    g = torch.Generator(device="cuda").manual_seed(0)
+    lens = W.WORKLOADS[name]["lens"]
     train = args.pass_ == "train"
-    q, k, v = (torch.randn(W.TOTAL, h, d, generator=g, device="cuda", dtype=torch.bfloat16).requires_grad_(train)
-               for h in (hq, hkv, hkv))
-    dout = torch.randn(W.TOTAL, hq, d, generator=g, device="cuda", dtype=torch.bfloat16)
-    cu = torch.tensor(W.cu_seqlens(lens), dtype=torch.int32, device="cuda")
+    q, k, v, dout, cu = W.training_inputs(torch, name, requires_grad=train)
 
     def call():
         o = flamia.attention(q, k, v, cu, max(lens), isolation=args.isolation)

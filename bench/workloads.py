@@ -73,6 +73,20 @@ def cu_seqlens(lens):
     return out
 
 
+def training_inputs(torch, name, requires_grad=True, seed=0):
+    """q, k, v [T, H, D] and dO [T, Hq, D] of workload `name` (BF16, standard normal, on the GPU,
+    drawn in this order from one generator seeded with `seed`) and its cu_seqlens (int32): the
+    inputs of the per-kernel breakdown, the Nsight Compute profile and the build comparison. torch
+    is passed in, so that this module imports without it."""
+    w = WORKLOADS[name]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(TOTAL, h, HEAD_DIM, generator=g, device="cuda", dtype=torch.bfloat16)
+               .requires_grad_(requires_grad) for h in (Q_HEADS, kv_heads(w), kv_heads(w)))
+    dout = torch.randn(TOTAL, Q_HEADS, HEAD_DIM, generator=g, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor(cu_seqlens(w["lens"]), dtype=torch.int32, device="cuda")
+    return q, k, v, dout, cu
+
+
 def forward_flops(lens, q_heads=Q_HEADS, head_dim=HEAD_DIM):
     """FLOPs of the causal forward, visible pairs only: 4 * D * pairs * Hq (two GEMMs)."""
     return 4 * head_dim * pairs(lens) * q_heads

@@ -29,13 +29,8 @@ cat > "$DRIVER" <<PY
 import sys
 sys.path.insert(0, "bench")
 import torch, flamia, workloads as W
-w = W.WORKLOADS["$WORKLOAD"]
-lens, hq, hkv, d = w["lens"], W.Q_HEADS, W.kv_heads(w), W.HEAD_DIM
-g = torch.Generator(device="cuda").manual_seed(0)
-q, k, v = (torch.randn(W.TOTAL, h, d, generator=g, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
-           for h in (hq, hkv, hkv))
-cu = torch.tensor(W.cu_seqlens(lens), dtype=torch.int32, device="cuda")
-dout = torch.randn(W.TOTAL, hq, d, generator=g, device="cuda", dtype=torch.bfloat16)
+lens = W.WORKLOADS["$WORKLOAD"]["lens"]
+q, k, v, dout, cu = W.training_inputs(torch, "$WORKLOAD")
 for call in range(2):  # the second call is the one profiled
     if call == 1:
         torch.cuda.synchronize()

@@ -49,8 +49,6 @@ static_assert(kQueryTile == 64, "S^T is one m64n64 product per k-step");
 static_assert(tiling::kBwdKeyTile % kKeyRows == 0, "a CTA's keys lie inside one backward key tile");
 constexpr int kProducerLanes = 32;  // the key buffers' producer warp (the publisher)
 constexpr int kConsumerWarps = 4 * kConsumers;
-template <bool kTurns>
-using Turns = ConsumerTurns<1, kTurns>;  // named barriers 1 and 2
 constexpr int kQueriesPerLane = kQueryTile / 32;  // per step and producer lane (query = j 32 + lane)
 
 // The two schedules (launch_backward_dkdv picks one per call). Registers per thread after the
@@ -409,7 +407,7 @@ __device__ __forceinline__ void produce_items(const DkdvArgs& args, DkdvShared<D
 // is released.
 template <int D, int kKeyBuffers, bool kTurns>
 __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w, int b, int step_uses,
-                                        DkdvShared<D, kKeyBuffers>& sm, const Turns<kTurns>& turns) {
+                                        DkdvShared<D, kKeyBuffers>& sm, const ConsumerTurns<kTurns>& turns) {
   const BackwardParams& p = args.p;
   const DocumentSpan& d = w.d;
   const auto [consumer, warp, lane, g, t] = consumer_thread();
@@ -499,8 +497,8 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
   }
 }
 
-// kTurns: the grid schedule's consumers take turns (attention_shape.h's consumers_take_turns, which
-// holds only where the mean document is long enough for the grid schedule).
+// kTurns: the grid schedule's consumers take turns (attention_shape.h's consumers_take_turns); the
+// persistent schedule, for short documents, never does (the launcher), as turns cost short items.
 template <int D, bool kPersistent, bool kTurns>
 __global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid_constant__ DkdvArgs args) {
   static_assert(!(kPersistent && kTurns), "the persistent schedule (short documents) takes no turns");
@@ -515,7 +513,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid
         init, [&] { produce_items(args, sm); },
         [&] {
           consume_work_items<DkdvWork>(sm.keys_ring, sm.info, [&](const DkdvWork& w, int n, int step_uses) {
-            consume(args, w, sm.keys_ring.stage(n), step_uses, sm, Turns<false>{});
+            consume(args, w, sm.keys_ring.stage(n), step_uses, sm, ConsumerTurns<false>{});
           });
         });
   } else {
@@ -535,7 +533,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid
           });
         },
         [&] {
-          const Turns<kTurns> turns{consumer_thread().consumer};
+          const ConsumerTurns<kTurns> turns{consumer_thread().consumer};
           turns.open();
           sm.keys_ring.wait_full(0);
           consume(args, w, 0, 0, sm, turns);

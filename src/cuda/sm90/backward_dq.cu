@@ -50,8 +50,6 @@ static_assert(kKeyTile % kQueryRows == 0, "a CTA's rows share their diagonal key
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 constexpr int kProducerLanes = 32;  // the rows ring's producer warp (the publisher)
 constexpr int kConsumerWarps = 4 * kConsumers;
-template <bool kTurns>
-using Turns = ConsumerTurns<1, kTurns>;  // named barriers 1 and 2
 
 // One key tile's codes and scales (1024-byte aligned for the 128-byte swizzle).
 template <int D>
@@ -292,7 +290,7 @@ __device__ __forceinline__ void produce(const DqArgs& args, DqShared<D>& sm) {
 // added at 2^sigma.
 template <int D, bool kTurns>
 __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, int b, int key_uses, DqShared<D>& sm,
-                                        const Turns<kTurns>& turns) {
+                                        const ConsumerTurns<kTurns>& turns) {
   const BackwardParams& p = args.p;
   const DocumentSpan& d = w.d;
   const DqRowInfo& info = sm.info[b];
@@ -379,7 +377,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_dq_kernel(const __grid_c
       },
       [&] { produce(args, sm); },
       [&] {
-        const Turns<kTurns> turns{consumer_thread().consumer};
+        const ConsumerTurns<kTurns> turns{consumer_thread().consumer};
         turns.open();
         consume_work_items<DqWork>(sm.rows_ring, sm.info, [&](const DqWork& w, int n, int key_uses) {
           consume(args, w, sm.rows_ring.stage(n), key_uses, sm, turns);

@@ -59,8 +59,6 @@ static_assert(kQueryRows == tiling::kFwdQueryTile && tiling::kFwdKeyTile % kQuer
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 constexpr int kProducerLanes = 32;   // the Q ring's producer warp (the publisher)
 constexpr int kConsumerWarps = 4 * kConsumers;  // each arrives on "empty"
-template <bool kTurns>
-using Turns = ConsumerTurns<1, kTurns>;  // named barriers 1 and 2
 static_assert(kConsumers == 2, "the consumers take turns in pairs");
 
 // One key tile's operands; stages of the ring are 1024-byte aligned, as the 128-byte swizzle of
@@ -582,7 +580,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   // A step waits for its stage, then issues its products, in a turn with kTurns (the two consumers
   // alternate on the tensor cores). Every step's wgmma sequence is straight-line code (no branch
   // between issue and wait), or the compiler serializes the products.
-  const Turns<kTurns> turns{me.consumer};
+  const ConsumerTurns<kTurns> turns{me.consumer};
   turns.open();
   {  // the first item's step 0: S_0 alone
     sm.ring.wait_full(it.key_uses);

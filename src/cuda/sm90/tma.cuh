@@ -109,12 +109,13 @@ struct StageRing {
 // consumers take the same turns, between open() and close(). Consumer 0 goes first: consumer 1
 // opens with one arrival on consumer 0's barrier, which consumer 0 takes back when it closes, so
 // that no arrival is left pending when the CTA exits.
-// Named barriers kFirstBarrier + c (c = 0, 1; barrier 0 is __syncthreads'), each counting both
-// warpgroups' threads: consumer c's 128 wait on it (bar.sync), the other's 128 arrive (bar.arrive).
+// Named barriers kFirstBarrier + c (c = 0, 1: barriers 1 and 2 by default; barrier 0 is
+// __syncthreads'), each counting both warpgroups' threads: consumer c's 128 wait on it (bar.sync),
+// the other's 128 arrive (bar.arrive).
 // With kActive false every call is a no-op: a kernel takes turns or not as a template parameter
 // (attention_shape.h, consumers_take_turns), because a run-time choice of each turn (a predicate
 // held through the tile loop) cost the forward 1-3% even where no turn was taken.
-template <int kFirstBarrier, bool kActive>
+template <bool kActive, int kFirstBarrier = 1>
 struct ConsumerTurns {
   static_assert(kFirstBarrier >= 1 && kFirstBarrier + 1 < 16, "named barriers 1..15");
   static constexpr int kThreads = 2 * 128;
