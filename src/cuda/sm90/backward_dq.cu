@@ -51,14 +51,43 @@ constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 constexpr int kProducerLanes = 32;  // the rows ring's producer warp (the publisher)
 constexpr int kConsumerWarps = 4 * kConsumers;
 
+// The key tile's factors 2^ek_j and 2^ev_j lie in shared memory in the key permutation's order
+// (core/operand_layout.h: the order of the P operand's registers): accumulator lane (g, t) holds keys
+// 2t, 2t + 1 of every n8 block, and those of blocks 2b and 2b + 1 sit side by side, so the per-key
+// interior path fetches a lane's four factors with one 16-byte load (in key order it took two 8-byte
+// loads per n8 block and array, and dQ was 2-3% slower in prefix isolation, session 21; the forward,
+// whose per-key path uses each array in another phase, was 1.5-2% slower with 16-byte loads). The
+// grouped path reads the factor of key 32g, which stays at slot 32g.
+__device__ __forceinline__ int key_factor_slot(int key) { return layout::permuted_position(key); }
+// {.x, .y}: keys 2t, 2t + 1 of n8 block 2 b2; {.z, .w}: the same of block 2 b2 + 1.
+__device__ __forceinline__ float4 lane_key_factors(const float* factors, int b2, int t) {
+  return *reinterpret_cast<const float4*>(factors + 16 * b2 + 4 * t);
+}
+// Keys 2t, 2t + 1 of n8 block nb.
+__device__ __forceinline__ float2 lane_key_factor_pair(const float* factors, int nb, int t) {
+  return *reinterpret_cast<const float2*>(factors + 16 * (nb >> 1) + 4 * t + 2 * (nb & 1));
+}
+constexpr bool lane_factor_slots_follow_the_permutation() {
+  for (int b2 = 0; b2 < kKeyTile / 16; ++b2)
+    for (int t = 0; t < 4; ++t)
+      for (int e = 0; e < 4; ++e)
+        if (layout::permuted_position(16 * b2 + 8 * (e >> 1) + 2 * t + (e & 1)) != 16 * b2 + 4 * t + e) return false;
+  for (int g = 0; g < kKeyTile / tiling::kScaleBlock; ++g)
+    if (layout::permuted_position(g * tiling::kScaleBlock) != g * tiling::kScaleBlock) return false;
+  for (int key = 0; key < 32; ++key)  // what the producer's lane_slot relies on: period 32
+    if (layout::permuted_position(32 + key) != 32 + layout::permuted_position(key)) return false;
+  return true;
+}
+static_assert(lane_factor_slots_follow_the_permutation(), "the consumers' loads read key_factor_slot's order");
+
 // One key tile's codes and scales (1024-byte aligned for the 128-byte swizzle).
 template <int D>
 struct alignas(1024) DqKeyStage {
   uint8_t k[kKeyTile * D];   // rows form (B of S)
   uint8_t v[kKeyTile * D];   // rows form (B of E)
   uint8_t kt[D * kKeyTile];  // transposed form, keys permuted (B of dQ)
-  float k_pow[kKeyTile];     // 2^ek_j
-  float v_pow[kKeyTile];     // 2^ev_j
+  float k_pow[kKeyTile];     // 2^ek_j, at key_factor_slot(j)
+  float v_pow[kKeyTile];     // 2^ev_j, the same
 };
 // One work item, what the producer finds and hands the consumers with its rows.
 struct DqWork {
@@ -112,8 +141,7 @@ __device__ __forceinline__ void masked_u(float (&s)[kKeyTile / 2], const float (
   for (int r = 0; r < 2; ++r) key_end[r] = rows[r] >= d.len ? 0 : causal ? rows[r] + 1 : d.len;
 #pragma unroll
   for (int nb = 0; nb < kKeyTile / 8; ++nb) {
-    const float2 kp = *reinterpret_cast<const float2*>(st.k_pow + nb * 8 + 2 * t);
-    const float2 vp = *reinterpret_cast<const float2*>(st.v_pow + nb * 8 + 2 * t);
+    const float2 kp = lane_key_factor_pair(st.k_pow, nb, t), vp = lane_key_factor_pair(st.v_pow, nb, t);
 #pragma unroll
     for (int el = 0; el < 4; ++el) {
       const int r = el >> 1, x = nb * 4 + el, key = k0 + nb * 8 + 2 * t + (el & 1);
@@ -139,18 +167,20 @@ __device__ __forceinline__ void interior_u(float (&s)[kKeyTile / 2], const float
   // Two partial maxima per row (exact in any order): shorter dependency chains.
   float part_max[2][2] = {{amax[0], amax[0]}, {amax[1], amax[1]}};
 #pragma unroll
-  for (int nb = 0; nb < kKeyTile / 8; ++nb) {
-    const float2 kp = *reinterpret_cast<const float2*>(st.k_pow + nb * 8 + 2 * t);
-    const float2 vp = *reinterpret_cast<const float2*>(st.v_pow + nb * 8 + 2 * t);
+  for (int b2 = 0; b2 < kKeyTile / 16; ++b2) {
+    const float4 kp = lane_key_factors(st.k_pow, b2, t), vp = lane_key_factors(st.v_pow, b2, t);  // blocks 2 b2, +1
 #pragma unroll
-    for (int el = 0; el < 4; ++el) {
-      const int r = el >> 1, x = nb * 4 + el;
-      const float k_pow = (el & 1) ? kp.y : kp.x, v_pow = (el & 1) ? vp.y : vp.x;
-      const float pij = exp2_ftz(fmaf(s[x] * k_pow, rw.q_factor[r], neg_lse2[r]));
-      const float w = pij * (e[x] * v_pow * rw.g_pow[r] - rw.delta[r]) * k_pow;
-      s[x] = w;
-      part_max[r][nb & 1] = fmaxf(part_max[r][nb & 1], fabsf(w));
-    }
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int el = 0; el < 4; ++el) {
+        const int r = el >> 1, x = (2 * b2 + h) * 4 + el;
+        const float k_pow = h ? ((el & 1) ? kp.w : kp.z) : ((el & 1) ? kp.y : kp.x);
+        const float v_pow = h ? ((el & 1) ? vp.w : vp.z) : ((el & 1) ? vp.y : vp.x);
+        const float pij = exp2_ftz(fmaf(s[x] * k_pow, rw.q_factor[r], neg_lse2[r]));
+        const float w = pij * (e[x] * v_pow * rw.g_pow[r] - rw.delta[r]) * k_pow;
+        s[x] = w;
+        part_max[r][h] = fmaxf(part_max[r][h], fabsf(w));
+      }
   }
   for (int r = 0; r < 2; ++r) amax[r] = fmaxf(part_max[r][0], part_max[r][1]);
 }
@@ -169,7 +199,8 @@ __device__ __forceinline__ void interior_u_grouped(float (&s)[kKeyTile / 2], con
   float part_max[2][2] = {{amax[0], amax[0]}, {amax[1], amax[1]}};
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    const float k_pow = st.k_pow[g * tiling::kScaleBlock], v_pow = st.v_pow[g * tiling::kScaleBlock];
+    const float k_pow = st.k_pow[key_factor_slot(g * tiling::kScaleBlock)];
+    const float v_pow = st.v_pow[key_factor_slot(g * tiling::kScaleBlock)];
     const float exponent_factor[2] = {k_pow * rw.q_factor[0], k_pow * rw.q_factor[1]};
     const float e_factor[2] = {v_pow * rw.g_pow[0], v_pow * rw.g_pow[1]};
 #pragma unroll
@@ -204,6 +235,9 @@ __device__ __forceinline__ void produce_key_tiles(const DqArgs& args, const DqWo
                                                                          w.d.begin, w.d.len, i * kKeyTile, lane);
   };
   LaneScaleBytes<kKeyTile> next = load_scales(0);
+  // The lane's keys j * 32 + lane go to slots j * 32 + lane_slot (the permutation has a period of 32
+  // keys and maps the warp's 32 lanes onto 32 distinct words: no bank conflict).
+  const int lane_slot = key_factor_slot(lane);
   for (int i = 0; i < w.tiles; ++i) {
     const int k0 = i * kKeyTile, use = key_uses + i;
     DqKeyStage<D>& st = sm.stage[sm.ring.stage(use)];
@@ -219,8 +253,9 @@ __device__ __forceinline__ void produce_key_tiles(const DqArgs& args, const DqWo
     if (i + 1 < w.tiles) next = load_scales(i + 1);
 #pragma unroll
     for (int j = Share::kFirst; j < Share::kFirst + Share::kCount; ++j) {
-      st.k_pow[j * 32 + lane] = pow2_of_scale(bytes.k_byte(j));
-      st.v_pow[j * 32 + lane] = pow2_of_scale(bytes.v_byte(j));
+      const int slot = j * 32 + lane_slot;  // key_factor_slot(j * 32 + lane)
+      st.k_pow[slot] = pow2_of_scale(bytes.k_byte(j));
+      st.v_pow[slot] = pow2_of_scale(bytes.v_byte(j));
     }
     sm.ring.arrive_full(use);
   }
