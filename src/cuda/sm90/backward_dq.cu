@@ -54,8 +54,8 @@ constexpr int kConsumerWarps = 4 * kConsumers;
 // The key tile's factors 2^ek_j and 2^ev_j lie in shared memory in the key permutation's order
 // (core/operand_layout.h: the order of the P operand's registers): accumulator lane (g, t) holds keys
 // 2t, 2t + 1 of every n8 block, and those of blocks 2b and 2b + 1 sit side by side, so the per-key
-// interior path fetches a lane's four factors with one 16-byte load (in key order it took two 8-byte
-// loads per n8 block and array, and dQ was 2-3% slower in prefix isolation, session 21; the forward,
+// interior path fetches a lane's four factors with one 16-byte load (in key order it took an 8-byte
+// load per n8 block and array, and dQ was 2-3% slower in prefix isolation, session 21; the forward,
 // whose per-key path uses each array in another phase, was 1.5-2% slower with 16-byte loads). The
 // grouped path reads the factor of key 32g, which stays at slot 32g.
 __device__ __forceinline__ int key_factor_slot(int key) { return layout::permuted_position(key); }
