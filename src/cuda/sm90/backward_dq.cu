@@ -58,7 +58,6 @@ constexpr int kConsumerWarps = 4 * kConsumers;
 // load per n8 block and array, and dQ was 2-3% slower in prefix isolation, session 21; the forward,
 // whose per-key path uses each array in another phase, was 1.5-2% slower with 16-byte loads). The
 // grouped path reads the factor of key 32g, which stays at slot 32g.
-__device__ __forceinline__ int key_factor_slot(int key) { return layout::permuted_position(key); }
 // {.x, .y}: keys 2t, 2t + 1 of n8 block 2 b2; {.z, .w}: the same of block 2 b2 + 1.
 __device__ __forceinline__ float4 lane_key_factors(const float* factors, int b2, int t) {
   return *reinterpret_cast<const float4*>(factors + 16 * b2 + 4 * t);
@@ -78,7 +77,7 @@ constexpr bool lane_factor_slots_follow_the_permutation() {
     if (layout::permuted_position(32 + key) != 32 + layout::permuted_position(key)) return false;
   return true;
 }
-static_assert(lane_factor_slots_follow_the_permutation(), "the consumers' loads read key_factor_slot's order");
+static_assert(lane_factor_slots_follow_the_permutation(), "the consumers' loads read the permuted order");
 
 // One key tile's codes and scales (1024-byte aligned for the 128-byte swizzle).
 template <int D>
@@ -86,7 +85,7 @@ struct alignas(1024) DqKeyStage {
   uint8_t k[kKeyTile * D];   // rows form (B of S)
   uint8_t v[kKeyTile * D];   // rows form (B of E)
   uint8_t kt[D * kKeyTile];  // transposed form, keys permuted (B of dQ)
-  float k_pow[kKeyTile];     // 2^ek_j, at key_factor_slot(j)
+  float k_pow[kKeyTile];     // 2^ek_j, at layout::permuted_position(j)
   float v_pow[kKeyTile];     // 2^ev_j, the same
 };
 // One work item, what the producer finds and hands the consumers with its rows.
@@ -199,8 +198,8 @@ __device__ __forceinline__ void interior_u_grouped(float (&s)[kKeyTile / 2], con
   float part_max[2][2] = {{amax[0], amax[0]}, {amax[1], amax[1]}};
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    const float k_pow = st.k_pow[key_factor_slot(g * tiling::kScaleBlock)];
-    const float v_pow = st.v_pow[key_factor_slot(g * tiling::kScaleBlock)];
+    const float k_pow = st.k_pow[layout::permuted_position(g * tiling::kScaleBlock)];
+    const float v_pow = st.v_pow[layout::permuted_position(g * tiling::kScaleBlock)];
     const float exponent_factor[2] = {k_pow * rw.q_factor[0], k_pow * rw.q_factor[1]};
     const float e_factor[2] = {v_pow * rw.g_pow[0], v_pow * rw.g_pow[1]};
 #pragma unroll
@@ -237,7 +236,7 @@ __device__ __forceinline__ void produce_key_tiles(const DqArgs& args, const DqWo
   LaneScaleBytes<kKeyTile> next = load_scales(0);
   // The lane's keys j * 32 + lane go to slots j * 32 + lane_slot (the permutation has a period of 32
   // keys and maps the warp's 32 lanes onto 32 distinct words: no bank conflict).
-  const int lane_slot = key_factor_slot(lane);
+  const int lane_slot = layout::permuted_position(lane);
   for (int i = 0; i < w.tiles; ++i) {
     const int k0 = i * kKeyTile, use = key_uses + i;
     DqKeyStage<D>& st = sm.stage[sm.ring.stage(use)];
@@ -253,7 +252,7 @@ __device__ __forceinline__ void produce_key_tiles(const DqArgs& args, const DqWo
     if (i + 1 < w.tiles) next = load_scales(i + 1);
 #pragma unroll
     for (int j = Share::kFirst; j < Share::kFirst + Share::kCount; ++j) {
-      const int slot = j * 32 + lane_slot;  // key_factor_slot(j * 32 + lane)
+      const int slot = j * 32 + lane_slot;  // layout::permuted_position(j * 32 + lane)
       st.k_pow[slot] = pow2_of_scale(bytes.k_byte(j));
       st.v_pow[slot] = pow2_of_scale(bytes.v_byte(j));
     }
