@@ -24,7 +24,8 @@ CONFIGS = [  # (name, flamia.attention keyword arguments)
     ("document/block32/ceil", {}),
     ("document/token/ceil", {"scale_geometry": "token"}),
     ("document/block32/floor", {"scale_rule": "floor"}),
-    ("prefix/token/ceil", {"isolation": "prefix"}),
+    ("prefix/block32/ceil", {"isolation": "prefix"}),
+    ("prefix/token/ceil", {"isolation": "prefix", "scale_geometry": "token"}),
 ]
 BARS = {"o": 0.998, "dq": 0.997, "dk": 0.997, "dv": 0.997}
 

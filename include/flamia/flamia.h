@@ -65,11 +65,14 @@ void flamia_default_options(flamia_options* options);
 const char* flamia_status_name(flamia_status status);
 
 /* Bytes of device workspace flamia_forward needs (E4M3 codes and UE8M0 scales of q, k, v, and V's
- * running scale max). Depends only on the shapes and docs->num_docs (data pointers, strides and
- * cu_seqlens are not read). The workspace passed to flamia_forward must be 256-byte aligned, as
- * cudaMalloc returns it. */
+ * running scale max). Depends only on the shapes, docs->num_docs and the options (data pointers,
+ * strides and cu_seqlens are not read; options must be the call's: prefix isolation with block32
+ * geometry encodes K and V twice, per token and block32, and needs more). The workspace passed to
+ * flamia_forward must be 256-byte aligned, as cudaMalloc returns it. Every size query below takes
+ * the same arguments. */
 flamia_status flamia_forward_workspace_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
-                                            const flamia_documents* docs, size_t* bytes, flamia_error* error);
+                                            const flamia_documents* docs, const flamia_options* options, size_t* bytes,
+                                            flamia_error* error);
 
 /* Quantizes q, k, v (document-local groups) and computes o and lse on `stream`. */
 flamia_status flamia_forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
@@ -77,10 +80,11 @@ flamia_status flamia_forward(const flamia_tensor* q, const flamia_tensor* k, con
                              void* workspace, size_t workspace_bytes, void* stream, flamia_error* error);
 
 /* Bytes of device workspace flamia_backward needs (E4M3 codes and UE8M0 scales of q, k, v and dout,
- * dout's running scale max, and D_i in FP32). Depends only on the shapes and docs->num_docs, as
- * above; 256-byte aligned as above. */
+ * dout's running scale max, and D_i in FP32). Depends only on the shapes, docs->num_docs and the
+ * options, as above; 256-byte aligned as above. */
 flamia_status flamia_backward_workspace_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
-                                             const flamia_documents* docs, size_t* bytes, flamia_error* error);
+                                             const flamia_documents* docs, const flamia_options* options, size_t* bytes,
+                                             flamia_error* error);
 
 /* Gradients of the call flamia_forward(q, k, v, docs, options) -> (o, lse) for the incoming gradient
  * dout [T, Hq, D] BF16: dq [T, Hq, D], dk and dv [T, Hkv, D] (BF16, written, not accumulated into).
@@ -102,14 +106,16 @@ flamia_status flamia_backward(const flamia_tensor* q, const flamia_tensor* k, co
  * of quantizing them again (3 of the backward's 4 quantization passes), with bitwise the gradients
  * of flamia_backward. The buffer must stay untouched from the forward to the backward, and the
  * backward must be given the shapes, docs and options of that forward. It takes about 2 bytes per
- * element of q, k and v: as much as BF16 copies of them, which a caller that keeps the codes need
+ * element of q, k and v (2 more per element of k and v in prefix isolation with block32 geometry,
+ * which encodes K and V twice): as much as BF16 copies of them, which a caller that keeps the codes need
  * not keep (flamia_backward_saved reads only q, k and v's shapes). All buffers 256-byte aligned. */
 flamia_status flamia_saved_codes_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
-                                      const flamia_documents* docs, size_t* bytes, flamia_error* error);
+                                      const flamia_documents* docs, const flamia_options* options, size_t* bytes,
+                                      flamia_error* error);
 /* The workspace flamia_forward_train needs besides the saved codes (V's running scale max). */
 flamia_status flamia_forward_train_workspace_size(const flamia_tensor* q, const flamia_tensor* k,
-                                                  const flamia_tensor* v, const flamia_documents* docs, size_t* bytes,
-                                                  flamia_error* error);
+                                                  const flamia_tensor* v, const flamia_documents* docs,
+                                                  const flamia_options* options, size_t* bytes, flamia_error* error);
 flamia_status flamia_forward_train(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
                                    const flamia_documents* docs, const flamia_options* options, flamia_tensor* o,
                                    float* lse, void* saved_codes, size_t saved_codes_bytes, void* workspace,
@@ -117,7 +123,7 @@ flamia_status flamia_forward_train(const flamia_tensor* q, const flamia_tensor* 
 /* The workspace flamia_backward_saved needs (dout's codes and scales, its running scale max, D_i). */
 flamia_status flamia_backward_saved_workspace_size(const flamia_tensor* q, const flamia_tensor* k,
                                                    const flamia_tensor* v, const flamia_documents* docs,
-                                                   size_t* bytes, flamia_error* error);
+                                                   const flamia_options* options, size_t* bytes, flamia_error* error);
 /* flamia_backward with q, k and v's codes from flamia_forward_train's saved codes: q, k and v give
  * their shapes only (their data pointers are not read and may be NULL). */
 flamia_status flamia_backward_saved(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,

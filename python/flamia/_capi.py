@@ -181,7 +181,7 @@ def _declare(lib):
     lib.flamia_status_name.argtypes = [_c_enum]
     lib.flamia_status_name.restype = ctypes.c_char_p
     lib.flamia_forward_workspace_size.argtypes = [
-        ptr(Tensor), ptr(Tensor), ptr(Tensor), ptr(Documents), ptr(ctypes.c_size_t), ptr(Error)]
+        ptr(Tensor), ptr(Tensor), ptr(Tensor), ptr(Documents), ptr(Options), ptr(ctypes.c_size_t), ptr(Error)]
     lib.flamia_forward_workspace_size.restype = _c_enum
     lib.flamia_forward.argtypes = [
         ptr(Tensor), ptr(Tensor), ptr(Tensor),  # q, k, v
@@ -193,7 +193,7 @@ def _declare(lib):
     ]
     lib.flamia_forward.restype = _c_enum
     lib.flamia_backward_workspace_size.argtypes = [
-        ptr(Tensor), ptr(Tensor), ptr(Tensor), ptr(Documents), ptr(ctypes.c_size_t), ptr(Error)]
+        ptr(Tensor), ptr(Tensor), ptr(Tensor), ptr(Documents), ptr(Options), ptr(ctypes.c_size_t), ptr(Error)]
     lib.flamia_backward_workspace_size.restype = _c_enum
     lib.flamia_backward.argtypes = [
         ptr(Tensor), ptr(Tensor), ptr(Tensor),  # q, k, v
@@ -208,7 +208,7 @@ def _declare(lib):
     for query in ("flamia_saved_codes_size", "flamia_forward_train_workspace_size",
                   "flamia_backward_saved_workspace_size"):
         getattr(lib, query).argtypes = [
-            ptr(Tensor), ptr(Tensor), ptr(Tensor), ptr(Documents), ptr(ctypes.c_size_t), ptr(Error)]
+            ptr(Tensor), ptr(Tensor), ptr(Tensor), ptr(Documents), ptr(Options), ptr(ctypes.c_size_t), ptr(Error)]
         getattr(lib, query).restype = _c_enum
     lib.flamia_forward_train.argtypes = [
         ptr(Tensor), ptr(Tensor), ptr(Tensor),  # q, k, v
@@ -276,20 +276,24 @@ def tensor(data_ptr, tokens, heads, dim, stride_token, stride_head, dtype=DTYPE_
                   int(stride_token), int(stride_head))
 
 
-def _workspace_size(query, q, k, v, docs):
-    """A size query: every one takes (q, k, v, docs, &bytes, &error)."""
+def _workspace_size(query, q, k, v, docs, options=None):
+    """A size query: every one takes (q, k, v, docs, options, &bytes, &error); options None are the
+    defaults."""
+    if options is None:
+        options = default_options()
     nbytes = ctypes.c_size_t(0)
     error = Error()
-    status = query(ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(docs), ctypes.byref(nbytes),
-                   ctypes.byref(error))
+    status = query(ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(docs), ctypes.byref(options),
+                   ctypes.byref(nbytes), ctypes.byref(error))
     check(status, error)
     return int(nbytes.value)
 
 
-def forward_workspace_size(q, k, v, docs):
+def forward_workspace_size(q, k, v, docs, options=None):
     """Bytes of workspace flamia_forward needs for these shapes (flamia_tensor descriptors) and
-    docs.num_docs (a Documents; nothing else of it is read)."""
-    return _workspace_size(library().flamia_forward_workspace_size, q, k, v, docs)
+    docs.num_docs (a Documents; nothing else of it is read) under options (an Options; None: the
+    defaults)."""
+    return _workspace_size(library().flamia_forward_workspace_size, q, k, v, docs, options)
 
 
 def forward(q, k, v, docs, options, o, lse_ptr, workspace_ptr, workspace_bytes, stream):
@@ -302,10 +306,11 @@ def forward(q, k, v, docs, options, o, lse_ptr, workspace_ptr, workspace_bytes, 
     check(status, error)
 
 
-def backward_workspace_size(q, k, v, docs):
+def backward_workspace_size(q, k, v, docs, options=None):
     """Bytes of workspace flamia_backward needs for these shapes (flamia_tensor descriptors) and
-    docs.num_docs (a Documents; nothing else of it is read)."""
-    return _workspace_size(library().flamia_backward_workspace_size, q, k, v, docs)
+    docs.num_docs (a Documents; nothing else of it is read) under options (an Options; None: the
+    defaults)."""
+    return _workspace_size(library().flamia_backward_workspace_size, q, k, v, docs, options)
 
 
 def backward(q, k, v, o, lse_ptr, dout, docs, options, dq, dk, dv, workspace_ptr, workspace_bytes, stream):
@@ -319,19 +324,19 @@ def backward(q, k, v, o, lse_ptr, dout, docs, options, dq, dk, dv, workspace_ptr
     check(status, error)
 
 
-def saved_codes_size(q, k, v, docs):
+def saved_codes_size(q, k, v, docs, options=None):
     """Bytes of the saved codes buffer of flamia_forward_train / flamia_backward_saved."""
-    return _workspace_size(library().flamia_saved_codes_size, q, k, v, docs)
+    return _workspace_size(library().flamia_saved_codes_size, q, k, v, docs, options)
 
 
-def forward_train_workspace_size(q, k, v, docs):
+def forward_train_workspace_size(q, k, v, docs, options=None):
     """Bytes of workspace flamia_forward_train needs besides the saved codes."""
-    return _workspace_size(library().flamia_forward_train_workspace_size, q, k, v, docs)
+    return _workspace_size(library().flamia_forward_train_workspace_size, q, k, v, docs, options)
 
 
-def backward_saved_workspace_size(q, k, v, docs):
+def backward_saved_workspace_size(q, k, v, docs, options=None):
     """Bytes of workspace flamia_backward_saved needs."""
-    return _workspace_size(library().flamia_backward_saved_workspace_size, q, k, v, docs)
+    return _workspace_size(library().flamia_backward_saved_workspace_size, q, k, v, docs, options)
 
 
 def forward_train(q, k, v, docs, options, o, lse_ptr, saved_ptr, saved_bytes, workspace_ptr, workspace_bytes, stream):

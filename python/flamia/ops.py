@@ -117,10 +117,12 @@ _SIZE_QUERIES = {
 
 
 @functools.lru_cache(maxsize=256)
-def _buffer_bytes(kind, tokens, q_heads, kv_heads, dim, num_docs):
-    # The size queries read only the shapes and the document count (no pointer, no stride).
+def _buffer_bytes(kind, tokens, q_heads, kv_heads, dim, num_docs, options):
+    """options: the call's (causal, softmax_scale, isolation, scale_geometry, scale_rule). The size
+    queries read only the shapes, the document count (no pointer, no stride) and the options
+    (prefix isolation with block32 geometry encodes K and V twice)."""
     docs = _capi.Documents(None, None, num_docs, 1)
-    return _SIZE_QUERIES[kind](*_shape_descriptors(tokens, q_heads, kv_heads, dim), docs)
+    return _SIZE_QUERIES[kind](*_shape_descriptors(tokens, q_heads, kv_heads, dim), docs, _c_options(*options))
 
 
 def _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule):
@@ -157,7 +159,8 @@ def _run_forward(q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolati
     options = _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule)
     docs = _c_documents(cu_seqlens, max_seqlen)
     with torch.cuda.device(q.device):
-        nbytes = _buffer_bytes(workspace_kind, tokens, q_heads, k.shape[1], dim, docs.num_docs)
+        nbytes = _buffer_bytes(workspace_kind, tokens, q_heads, k.shape[1], dim, docs.num_docs,
+                               (causal, softmax_scale, isolation, scale_geometry, scale_rule))
         # The caching allocator returns 512-byte aligned blocks (the C API needs 256).
         workspace = torch.empty((nbytes,), dtype=torch.uint8, device=q.device)
         stream = torch.cuda.current_stream(q.device).cuda_stream
@@ -222,7 +225,8 @@ def _run_backward(dout, o, lse, cu_seqlens, max_seqlen, kv_heads, causal, softma
     options = _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule)
     docs = _c_documents(cu_seqlens, max_seqlen)
     with torch.cuda.device(dout.device):
-        nbytes = _buffer_bytes(workspace_kind, tokens, q_heads, kv_heads, dim, docs.num_docs)
+        nbytes = _buffer_bytes(workspace_kind, tokens, q_heads, kv_heads, dim, docs.num_docs,
+                               (causal, softmax_scale, isolation, scale_geometry, scale_rule))
         workspace = torch.empty((nbytes,), dtype=torch.uint8, device=dout.device)
         stream = torch.cuda.current_stream(dout.device).cuda_stream
         launch(o, lse, dout, docs, options, dq, dk, dv, workspace, nbytes, stream)
@@ -290,7 +294,8 @@ def _forward_train_impl(
 
     def launch(q, k, v, docs, options, o, lse, workspace, nbytes, stream):
         tokens, q_heads, dim = q.shape
-        saved_bytes = _buffer_bytes("saved_codes", tokens, q_heads, k.shape[1], dim, docs.num_docs)
+        saved_bytes = _buffer_bytes("saved_codes", tokens, q_heads, k.shape[1], dim, docs.num_docs,
+                                    (causal, softmax_scale, isolation, scale_geometry, scale_rule))
         saved.append(torch.empty((saved_bytes,), dtype=torch.uint8, device=q.device))
         _capi.forward_train(_descriptor(q), _descriptor(k), _descriptor(v), docs, options, _descriptor(o),
                             lse.data_ptr(), saved[0].data_ptr(), saved_bytes, workspace.data_ptr(), nbytes, stream)
@@ -310,7 +315,8 @@ def _attention_forward_train_fake(q, k, v, cu_seqlens, max_seqlen, causal, softm
     _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
     tokens, q_heads, dim = q.shape
     saved_bytes = _buffer_bytes("saved_codes", int(tokens), int(q_heads), int(k.shape[1]), int(dim),
-                                int(cu_seqlens.shape[0]) - 1)
+                                int(cu_seqlens.shape[0]) - 1, (causal, softmax_scale, isolation, scale_geometry,
+                                                               scale_rule))
     return (q.new_empty((tokens, q_heads, dim), dtype=torch.bfloat16),
             q.new_empty((q_heads, tokens), dtype=torch.float32), q.new_empty((saved_bytes,), dtype=torch.uint8))
 

@@ -25,9 +25,11 @@
 namespace flamia::analysis {
 
 struct ProbeOptions {
-  std::vector<int> lengths{97, 300, 64};  // [A, B, C]; B is the probed document
+  std::vector<int> lengths{97, 420, 64};  // [A, B, C]; B is the probed document
   int q_heads = 4, kv_heads = 2, head_dim = 128;
-  int position = 141;  // i, document-local in B: mid-group and past the first 128-key tile
+  // i, document-local in B: mid-group and past the first tiling::kFrontierTiles 128-key tiles, so
+  // that its row reads prefix isolation's interior codes too.
+  int position = 301;
   int suffix_boost_log2 = 6;
   int other_document_growth = 37;  // tokens added to A, so B starts at another (unaligned) offset
   uint64_t seed = 0;

@@ -27,8 +27,12 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
                    void* stream) {
   if (CallError e = validate_backward(q, k, v, o, lse, dout, docs, options, dq, dk, dv, codes); !e.ok()) return e;
   const bool saved = codes == QkvCodes::kSaved;
-  const BackwardWorkspace ws = backward_workspace_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, codes);
-  const SavedCodes saved_layout = saved_codes_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs);
+  const NumericsOptions numerics = numerics_options(*options);
+  const bool interior = numerics.interior_codes();
+  const BackwardWorkspace ws =
+      backward_workspace_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, interior, codes);
+  const SavedCodes saved_layout =
+      saved_codes_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, interior);
   if (CallError e = check_caller_buffers(ws, saved ? "flamia_backward_saved_workspace_size" : "flamia_backward_workspace_size",
                                          workspace, workspace_bytes, codes, saved_layout, saved_codes, saved_codes_bytes);
       !e.ok())
@@ -37,7 +41,6 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
 
   // validate_backward bounds T * H * D by 2^31 - 1, so every extent fits an int.
   const int T = int(q->tokens), Hq = int(q->heads);
-  const NumericsOptions numerics = numerics_options(*options);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint8_t* const base = static_cast<uint8_t*>(workspace);
   auto region = [base](const WorkspaceRegion& r) { return region_pointer(base, r); };
@@ -48,8 +51,8 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   if (!saved) {
     if (CallError e = quantize_qkv(*q, *k, *v, *docs, numerics, qkv, s); !e.ok()) return e;
   }
-  if (CallError e = quantize_operand(*dout, *docs, numerics, region(ws.g_codes), region(ws.g_codes_t),
-                                    region(ws.g_scales), s, "dout");
+  if (CallError e = quantize_operand(*dout, *docs, numerics.effective_geometry(), numerics.scale_rule,
+                                     region(ws.g_codes), region(ws.g_codes_t), region(ws.g_scales), s, "dout");
       !e.ok())
     return e;
   // The dV fold reference gamma is the document's largest dO exponent (over a KV group's heads):
@@ -66,6 +69,10 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   p.g_codes = region(ws.g_codes), p.g_scales = region(ws.g_scales);
   p.q_codes_t = qkv.q_codes_t, p.k_codes_t = qkv.k_codes_t, p.g_codes_t = region(ws.g_codes_t);
   p.t_pitch = layout::transposed_tokens(T, docs->num_docs);
+  p.k_interior_codes = interior ? qkv.k_interior_codes : qkv.k_codes;
+  p.v_interior_codes = interior ? qkv.v_interior_codes : qkv.v_codes;
+  p.k_interior_codes_t = interior ? qkv.k_interior_codes_t : qkv.k_codes_t;
+  p.interior_scales_shift = saved ? interior_scales_shift(saved_layout) : interior_scales_shift(ws);
   p.g_scale_prefix_max = region(ws.g_scale_prefix_max);
   p.o = o->data, p.o_stride_token = o->stride_token, p.o_stride_head = o->stride_head;
   p.lse = lse;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/tiling.h"
 #include "cuda/quant/quantize_mxfp8.cuh"
 
 namespace flamia::capi {
@@ -35,14 +36,13 @@ CallError check_device() {
   return CallError::success();
 }
 
-CallError quantize_operand(const flamia_tensor& t, const flamia_documents& docs, const NumericsOptions& numerics,
-                           uint8_t* codes, uint8_t* transposed_codes, uint8_t* scales, cudaStream_t stream,
-                           const char* name) {
+CallError quantize_operand(const flamia_tensor& t, const flamia_documents& docs, ScaleGeometry geometry,
+                           ScaleRule rule, uint8_t* codes, uint8_t* transposed_codes, uint8_t* scales,
+                           cudaStream_t stream, const char* name, const cuda::BlockCodes* second) {
   // The validators bound T * H * D by 2^31 - 1, so every extent fits an int.
   const cudaError_t err = cuda::launch_quantize_mxfp8(
       static_cast<const __nv_bfloat16*>(t.data), t.stride_token, t.stride_head, int(t.tokens), int(t.heads),
-      int(t.dim), docs.cu_seqlens, docs.num_docs, numerics.effective_geometry(),
-      numerics.scale_rule, codes, transposed_codes, scales, stream);
+      int(t.dim), docs.cu_seqlens, docs.num_docs, geometry, rule, codes, transposed_codes, scales, stream, second);
   if (err != cudaSuccess) return cuda_error(std::string("quantizing ") + name + " (launch_quantize_mxfp8)", err);
   return CallError::success();
 }
@@ -50,11 +50,24 @@ CallError quantize_operand(const flamia_tensor& t, const flamia_documents& docs,
 CallError quantize_qkv(const flamia_tensor& q, const flamia_tensor& k, const flamia_tensor& v,
                        const flamia_documents& docs, const NumericsOptions& numerics, const QkvCodePointers& dst,
                        cudaStream_t stream) {
-  if (CallError e = quantize_operand(q, docs, numerics, dst.q_codes, dst.q_codes_t, dst.q_scales, stream, "q"); !e.ok())
+  const ScaleGeometry geometry = numerics.effective_geometry();
+  const ScaleRule rule = numerics.scale_rule;
+  // K and V's interior codes come out of their per-token pass; no pair reads a document's last
+  // kFrontierTiles frontier tiles with them, so those are not encoded twice.
+  const bool interior = numerics.interior_codes();
+  const cuda::BlockCodes k_interior{dst.k_interior_codes, dst.k_interior_codes_t, dst.k_interior_scales,
+                                    tiling::kFrontierTile, tiling::kFrontierTiles};
+  const cuda::BlockCodes v_interior{dst.v_interior_codes, dst.v_interior_codes_t, dst.v_interior_scales,
+                                    tiling::kFrontierTile, tiling::kFrontierTiles};
+  if (CallError e = quantize_operand(q, docs, geometry, rule, dst.q_codes, dst.q_codes_t, dst.q_scales, stream, "q");
+      !e.ok())
     return e;
-  if (CallError e = quantize_operand(k, docs, numerics, dst.k_codes, dst.k_codes_t, dst.k_scales, stream, "k"); !e.ok())
+  if (CallError e = quantize_operand(k, docs, geometry, rule, dst.k_codes, dst.k_codes_t, dst.k_scales, stream, "k",
+                                     interior ? &k_interior : nullptr);
+      !e.ok())
     return e;
-  return quantize_operand(v, docs, numerics, dst.v_codes, dst.v_codes_t, dst.v_scales, stream, "v");
+  return quantize_operand(v, docs, geometry, rule, dst.v_codes, dst.v_codes_t, dst.v_scales, stream, "v",
+                          interior ? &v_interior : nullptr);
 }
 
 float resolved_softmax_scale(const flamia_options& options, int head_dim) {
@@ -74,6 +87,8 @@ cuda::sm90::AttentionShape attention_shape(const flamia_tensor& q, const flamia_
   s.p_boost_log2 = options.p_boost_log2;
   s.causal = options.causal == 1;
   s.group_scales = numerics.effective_geometry() == ScaleGeometry::kBlock32;
+  s.interior_codes = numerics.interior_codes();
+  s.interior_key_groups = s.group_scales || s.interior_codes;
   return s;
 }
 

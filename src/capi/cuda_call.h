@@ -8,6 +8,7 @@
 #include <string>
 
 #include "capi/validate.h"
+#include "cuda/quant/quantize_mxfp8.cuh"
 #include "core/options.h"
 #include "cuda/sm90/attention_shape.h"
 #include "flamia/flamia.h"
@@ -25,9 +26,10 @@ CallError check_device();
 // Quantizes the BF16 tensor t (heads heads) with document-local groups into UE8M0 scales and E4M3
 // codes in the row layout [T, H, D] and/or the transposed layout of core/operand_layout.h (either
 // codes pointer may be null), asynchronously on stream. name says which operand, for errors.
-CallError quantize_operand(const flamia_tensor& t, const flamia_documents& docs, const NumericsOptions& numerics,
-                           uint8_t* codes, uint8_t* transposed_codes, uint8_t* scales, cudaStream_t stream,
-                           const char* name);
+// second: a block32 encoding in the same pass, as launch_quantize_mxfp8's (null: none).
+CallError quantize_operand(const flamia_tensor& t, const flamia_documents& docs, ScaleGeometry geometry,
+                           ScaleRule rule, uint8_t* codes, uint8_t* transposed_codes, uint8_t* scales,
+                           cudaStream_t stream, const char* name, const cuda::BlockCodes* second = nullptr);
 
 // The buffer of a workspace region, or null where the layout has none (bytes 0).
 inline uint8_t* region_pointer(uint8_t* workspace, const WorkspaceRegion& r) {
@@ -40,18 +42,25 @@ struct QkvCodePointers {
   uint8_t *q_codes, *k_codes, *v_codes;        // rows [T, H, D]
   uint8_t *q_codes_t, *k_codes_t, *v_codes_t;  // transposed (core/operand_layout.h)
   uint8_t *q_scales, *k_scales, *v_scales;     // [T, H]
+  // K and V's interior codes (validate.h), null without them.
+  uint8_t *k_interior_codes, *v_interior_codes, *k_interior_codes_t, *v_interior_codes_t;
+  uint8_t *k_interior_scales, *v_interior_scales;
 };
 // The q, k, v regions of a layout (ForwardWorkspace, BackwardWorkspace or SavedCodes: the same
 // field names) placed at base.
 template <class Layout>
 QkvCodePointers qkv_code_pointers(uint8_t* base, const Layout& l) {
   auto at = [base](const WorkspaceRegion& r) { return region_pointer(base, r); };
-  return {at(l.q_codes),   at(l.k_codes),   at(l.v_codes),  at(l.q_codes_t), at(l.k_codes_t),
-          at(l.v_codes_t), at(l.q_scales), at(l.k_scales), at(l.v_scales)};
+  return {at(l.q_codes),           at(l.k_codes),           at(l.v_codes),
+          at(l.q_codes_t),         at(l.k_codes_t),         at(l.v_codes_t),
+          at(l.q_scales),          at(l.k_scales),          at(l.v_scales),
+          at(l.k_interior_codes),  at(l.v_interior_codes),  at(l.k_interior_codes_t),
+          at(l.v_interior_codes_t), at(l.k_interior_scales), at(l.v_interior_scales)};
 }
 
 // Quantizes q, k and v into dst: the forward, the backward and the saving forward encode the same
-// operands the same way, each into the code layouts (rows, transposed) that dst has.
+// operands the same way, each into the code layouts (rows, transposed) that dst has; with interior
+// codes, k and v a second time with block32 groups.
 CallError quantize_qkv(const flamia_tensor& q, const flamia_tensor& k, const flamia_tensor& v,
                        const flamia_documents& docs, const NumericsOptions& numerics, const QkvCodePointers& dst,
                        cudaStream_t stream);

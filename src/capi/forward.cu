@@ -26,8 +26,12 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
                   size_t saved_codes_bytes, void* workspace, size_t workspace_bytes, void* stream) {
   if (CallError e = validate_forward(q, k, v, docs, options, o, lse); !e.ok()) return e;
   const bool saving = codes == QkvCodes::kSaved;
-  const ForwardWorkspace ws = forward_workspace_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, codes);
-  const SavedCodes saved = saved_codes_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs);
+  // Prefix isolation: per-token scales, and with block32 geometry K's and V's interior codes too.
+  const NumericsOptions numerics = numerics_options(*options);
+  const bool interior = numerics.interior_codes();
+  const ForwardWorkspace ws =
+      forward_workspace_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, interior, codes);
+  const SavedCodes saved = saved_codes_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, interior);
   if (CallError e = check_caller_buffers(ws, saving ? "flamia_forward_train_workspace_size" : "flamia_forward_workspace_size",
                                          workspace, workspace_bytes, codes, saved, saved_codes, saved_codes_bytes);
       !e.ok())
@@ -36,7 +40,6 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
 
   // validate_forward bounds T * H * D by 2^31 - 1, so every extent fits an int.
   const int T = int(q->tokens), Hkv = int(k->heads);
-  const NumericsOptions numerics = numerics_options(*options);  // prefix isolation: per-token scales
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint8_t* const base = static_cast<uint8_t*>(workspace);
   auto region = [base](const WorkspaceRegion& r) { return region_pointer(base, r); };
@@ -58,6 +61,9 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   p.vt_pitch = layout::transposed_tokens(T, docs->num_docs);
   p.v_scales = qkv.v_scales;
   p.v_fold_ref = region(ws.v_fold_ref);
+  p.k_interior_codes = interior ? qkv.k_interior_codes : qkv.k_codes;
+  p.v_interior_codes_t = interior ? qkv.v_interior_codes_t : qkv.v_codes_t;
+  p.interior_scales_shift = saving ? interior_scales_shift(saved) : interior_scales_shift(ws);
   p.o = o->data;
   p.o_stride_token = o->stride_token;
   p.o_stride_head = o->stride_head;

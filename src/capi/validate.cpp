@@ -328,7 +328,7 @@ class RegionCarver {
 }  // namespace
 
 ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                                          int64_t num_docs, QkvCodes codes) {
+                                          int64_t num_docs, bool interior_codes, QkvCodes codes) {
   ForwardWorkspace w;
   RegionCarver c;
   const size_t t = size_t(tokens), hq = size_t(q_heads), hkv = size_t(kv_heads), d = size_t(head_dim);
@@ -339,13 +339,19 @@ ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64
   w.q_scales = c.take_if(own, t * hq);
   w.k_scales = c.take_if(own, t * hkv);
   w.v_scales = c.take_if(own, t * hkv);
+  const bool interior = own && interior_codes;
+  w.k_interior_codes = c.take_if(interior, t * hkv * d);
+  w.v_interior_codes_t = c.take_if(interior, hkv * d * size_t(layout::transposed_tokens(tokens, num_docs)));
+  w.k_interior_scales = c.take_if(interior, t * hkv);
+  w.v_interior_scales = c.take_if(interior, t * hkv);
   w.v_fold_ref = c.take(t * hkv);
   w.work_counter = c.take(sizeof(int32_t));
   w.total = c.total();
   return w;
 }
 
-SavedCodes saved_codes_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t num_docs) {
+SavedCodes saved_codes_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t num_docs,
+                              bool interior_codes) {
   SavedCodes w;
   RegionCarver c;
   const size_t t = size_t(tokens), hq = size_t(q_heads), hkv = size_t(kv_heads), d = size_t(head_dim);
@@ -359,12 +365,18 @@ SavedCodes saved_codes_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads,
   w.q_scales = c.take(t * hq);
   w.k_scales = c.take(t * hkv);
   w.v_scales = c.take(t * hkv);
+  w.k_interior_codes = c.take_if(interior_codes, t * hkv * d);
+  w.v_interior_codes = c.take_if(interior_codes, t * hkv * d);
+  w.k_interior_codes_t = c.take_if(interior_codes, hkv * d * slots);
+  w.v_interior_codes_t = c.take_if(interior_codes, hkv * d * slots);
+  w.k_interior_scales = c.take_if(interior_codes, t * hkv);
+  w.v_interior_scales = c.take_if(interior_codes, t * hkv);
   w.total = c.total();
   return w;
 }
 
 BackwardWorkspace backward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                                            int64_t num_docs, QkvCodes codes) {
+                                            int64_t num_docs, bool interior_codes, QkvCodes codes) {
   BackwardWorkspace w;
   RegionCarver c;
   const size_t t = size_t(tokens), hq = size_t(q_heads), hkv = size_t(kv_heads), d = size_t(head_dim);
@@ -381,6 +393,12 @@ BackwardWorkspace backward_workspace_layout(int64_t tokens, int64_t q_heads, int
   w.k_scales = c.take_if(own, t * hkv);
   w.v_scales = c.take_if(own, t * hkv);
   w.g_scales = c.take(t * hq);
+  const bool interior = own && interior_codes;
+  w.k_interior_codes = c.take_if(interior, t * hkv * d);
+  w.v_interior_codes = c.take_if(interior, t * hkv * d);
+  w.k_interior_codes_t = c.take_if(interior, hkv * d * slots);
+  w.k_interior_scales = c.take_if(interior, t * hkv);
+  w.v_interior_scales = c.take_if(interior, t * hkv);
   w.g_scale_prefix_max = c.take(t * hq);
   w.delta = c.take(t * hq * sizeof(float));
   w.work_counter = c.take(sizeof(int32_t));
@@ -434,11 +452,12 @@ using flamia::capi::CallError;
 namespace flamia::capi {
 namespace {
 
-// A workspace size query: the shapes and docs->num_docs are validated (nothing else of docs is
-// read), the bytes come from the call's layout, layout(shapes, num_docs).
+// A workspace size query: the shapes, docs->num_docs (nothing else of docs is read) and the options
+// are validated; the bytes come from the call's layout, layout(shapes, num_docs, interior_codes).
 template <class Layout>
 flamia_status workspace_size_query(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
-                                   const flamia_documents* docs, size_t* bytes, flamia_error* error, Layout layout) {
+                                   const flamia_documents* docs, const flamia_options* options, size_t* bytes,
+                                   flamia_error* error, Layout layout) {
   return guarded(error, [&]() -> CallError {
     if (bytes == nullptr) return {FLAMIA_ERROR_INVALID_ARGUMENT, "bytes is NULL"};
     *bytes = 0;
@@ -446,7 +465,11 @@ flamia_status workspace_size_query(const flamia_tensor* q, const flamia_tensor* 
     if (docs == nullptr) return {FLAMIA_ERROR_INVALID_ARGUMENT, "docs is NULL"};
     if (docs->num_docs < 1)
       return {FLAMIA_ERROR_INVALID_ARGUMENT, "docs.num_docs must be >= 1, got " + std::to_string(docs->num_docs)};
-    *bytes = layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs).total;
+    if (options == nullptr)
+      return {FLAMIA_ERROR_INVALID_ARGUMENT, "options is NULL (flamia_default_options fills the defaults)"};
+    if (CallError e = check_options(*options, q->dim); !e.ok()) return e;
+    *bytes = layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, numerics_options(*options).interior_codes())
+                 .total;
     return CallError::success();
   });
 }
@@ -482,36 +505,39 @@ const char* flamia_status_name(flamia_status status) {
 }
 
 flamia_status flamia_forward_workspace_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
-                                            const flamia_documents* docs, size_t* bytes, flamia_error* error) {
-  return flamia::capi::workspace_size_query(q, k, v, docs, bytes, error, [](auto... shape) {
+                                            const flamia_documents* docs, const flamia_options* options, size_t* bytes,
+                                            flamia_error* error) {
+  return flamia::capi::workspace_size_query(q, k, v, docs, options, bytes, error, [](auto... shape) {
     return flamia::capi::forward_workspace_layout(shape..., flamia::capi::QkvCodes::kInWorkspace);
   });
 }
 
 flamia_status flamia_backward_workspace_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
-                                             const flamia_documents* docs, size_t* bytes, flamia_error* error) {
-  return flamia::capi::workspace_size_query(q, k, v, docs, bytes, error, [](auto... shape) {
+                                             const flamia_documents* docs, const flamia_options* options, size_t* bytes,
+                                             flamia_error* error) {
+  return flamia::capi::workspace_size_query(q, k, v, docs, options, bytes, error, [](auto... shape) {
     return flamia::capi::backward_workspace_layout(shape..., flamia::capi::QkvCodes::kInWorkspace);
   });
 }
 
 flamia_status flamia_saved_codes_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
-                                      const flamia_documents* docs, size_t* bytes, flamia_error* error) {
-  return flamia::capi::workspace_size_query(q, k, v, docs, bytes, error, flamia::capi::saved_codes_layout);
+                                      const flamia_documents* docs, const flamia_options* options, size_t* bytes,
+                                      flamia_error* error) {
+  return flamia::capi::workspace_size_query(q, k, v, docs, options, bytes, error, flamia::capi::saved_codes_layout);
 }
 
 flamia_status flamia_forward_train_workspace_size(const flamia_tensor* q, const flamia_tensor* k,
-                                                  const flamia_tensor* v, const flamia_documents* docs, size_t* bytes,
-                                                  flamia_error* error) {
-  return flamia::capi::workspace_size_query(q, k, v, docs, bytes, error, [](auto... shape) {
+                                                  const flamia_tensor* v, const flamia_documents* docs,
+                                                  const flamia_options* options, size_t* bytes, flamia_error* error) {
+  return flamia::capi::workspace_size_query(q, k, v, docs, options, bytes, error, [](auto... shape) {
     return flamia::capi::forward_workspace_layout(shape..., flamia::capi::QkvCodes::kSaved);
   });
 }
 
 flamia_status flamia_backward_saved_workspace_size(const flamia_tensor* q, const flamia_tensor* k,
-                                                   const flamia_tensor* v, const flamia_documents* docs, size_t* bytes,
-                                                   flamia_error* error) {
-  return flamia::capi::workspace_size_query(q, k, v, docs, bytes, error, [](auto... shape) {
+                                                   const flamia_tensor* v, const flamia_documents* docs,
+                                                   const flamia_options* options, size_t* bytes, flamia_error* error) {
+  return flamia::capi::workspace_size_query(q, k, v, docs, options, bytes, error, [](auto... shape) {
     return flamia::capi::backward_workspace_layout(shape..., flamia::capi::QkvCodes::kSaved);
   });
 }

@@ -71,6 +71,9 @@ struct WorkspaceRegion {
 
 // Codes come in two layouts, each operand in the one(s) its kernels read: rows [T, H, D] (x_codes)
 // and transposed [H, D, layout::transposed_tokens(T, num_docs)] (x_codes_t, core/operand_layout.h).
+// With interior codes (NumericsOptions::interior_codes(): prefix isolation, block32) K and V have
+// a second, block32 encoding, read on interior pairs (core/tiling.h), in the same layouts as the
+// first: the regions named k_interior_* and v_interior_* (none otherwise).
 struct ForwardWorkspace {
   WorkspaceRegion q_codes;     // E4M3 [T, Hq, D]
   WorkspaceRegion k_codes;     // E4M3 [T, Hkv, D]
@@ -79,15 +82,27 @@ struct ForwardWorkspace {
   WorkspaceRegion q_scales;    // UE8M0 [T, Hq]
   WorkspaceRegion k_scales;    // UE8M0 [T, Hkv]
   WorkspaceRegion v_scales;    // UE8M0 [T, Hkv]
+  WorkspaceRegion k_interior_codes, k_interior_codes_t, v_interior_codes;  // none (K rows, V^T only)
+  WorkspaceRegion v_interior_codes_t, k_interior_scales, v_interior_scales;
   WorkspaceRegion v_fold_ref;  // UE8M0 [T, Hkv]: running max of V's scales within the document
   WorkspaceRegion work_counter;  // int32: the persistent forward kernel's item counter
   size_t total = 0;            // a multiple of kWorkspaceAlignment
 };
 
+// The kernels address K's and V's interior scales with one shift from their other scales: every
+// layout with interior codes takes k_scales, v_scales and k_interior_scales, v_interior_scales as
+// two pairs of adjacent regions of one size. The shift in bytes (0 without interior codes).
+template <class Layout>
+int64_t interior_scales_shift(const Layout& l) {
+  if (l.k_interior_scales.bytes == 0) return 0;
+  return int64_t(l.k_interior_scales.offset) - int64_t(l.k_scales.offset);
+}
+
 // Precondition (every layout): the shapes passed validate_shapes and num_docs >= 1 (so no size
 // can overflow).
 ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                                          int64_t num_docs, QkvCodes codes = QkvCodes::kInWorkspace);
+                                          int64_t num_docs, bool interior_codes,
+                                          QkvCodes codes = QkvCodes::kInWorkspace);
 
 // The saved codes of flamia_forward_train: q, k and v in both layouts (the forward reads Q and K
 // rows and V transposed, the backward Q, K, V rows and Q, K transposed) and their scales.
@@ -95,9 +110,12 @@ struct SavedCodes {
   WorkspaceRegion q_codes, k_codes, v_codes;        // E4M3 [T, H, D]
   WorkspaceRegion q_codes_t, k_codes_t, v_codes_t;  // E4M3 transposed
   WorkspaceRegion q_scales, k_scales, v_scales;     // UE8M0 [T, H]
+  WorkspaceRegion k_interior_codes, k_interior_codes_t, v_interior_codes;  // with interior codes: both
+  WorkspaceRegion v_interior_codes_t, k_interior_scales, v_interior_scales;  // layouts of K and V again
   size_t total = 0;                                 // a multiple of kWorkspaceAlignment
 };
-SavedCodes saved_codes_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t num_docs);
+SavedCodes saved_codes_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t num_docs,
+                              bool interior_codes);
 
 // The backward's device workspace: Q, K, V and dO quantized again (bitwise the forward's codes),
 // dO's running scale max (for the dV fold reference) and D_i.
@@ -106,6 +124,8 @@ struct BackwardWorkspace {
   WorkspaceRegion q_codes_t, k_codes_t, g_codes_t;         // E4M3 transposed (dK's, dQ's, dV's B operands)
   WorkspaceRegion v_codes_t;                               // none
   WorkspaceRegion q_scales, k_scales, v_scales, g_scales;  // UE8M0 [T, H]
+  WorkspaceRegion k_interior_codes, k_interior_codes_t, v_interior_codes;  // with interior codes
+  WorkspaceRegion v_interior_codes_t, k_interior_scales, v_interior_scales;  // (v_interior_codes_t: none)
   WorkspaceRegion g_scale_prefix_max;                      // UE8M0 [T, Hq]
   WorkspaceRegion delta;                                   // FP32 [Hq, T]: D_i
   WorkspaceRegion work_counter;                            // int32: the persistent kernels' item counter
@@ -113,7 +133,8 @@ struct BackwardWorkspace {
 };
 
 BackwardWorkspace backward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                                            int64_t num_docs, QkvCodes codes = QkvCodes::kInWorkspace);
+                                            int64_t num_docs, bool interior_codes,
+                                            QkvCodes codes = QkvCodes::kInWorkspace);
 
 // FLAMIA_ERROR_WORKSPACE when the workspace is NULL, smaller than layout.total, or not 256-byte
 // aligned; size_query names the function that gives the size.

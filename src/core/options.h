@@ -38,11 +38,16 @@ struct NumericsOptions {
   int p_boost_log2 = 8;    // P is rounded as E4M3(p * 2^boost * fold); §5 "range budget"
   bool hadamard = false;   // rotate Q and K along features before quantizing (D a multiple of 64)
 
-  // Prefix isolation closes the 32-token groups that straddle a query by giving every loaded
-  // operand per-token scales (on Hopper the folds cost the same for either geometry).
+  // Prefix isolation closes the 32-token groups that straddle a query by giving the loaded
+  // operands per-token scales: Q and dO everywhere, K and V where a pair is not interior
+  // (tiling::interior_pair). This is the geometry of those codes.
   ScaleGeometry effective_geometry() const {
     return isolation == Isolation::kPrefix ? ScaleGeometry::kToken : scale_geometry;
   }
+  // Prefix isolation with block32 geometry encodes K and V twice: per token (the frontier's
+  // codes) and block32 (the interior codes, read on interior pairs, whose groups lie wholly before
+  // the query). With token geometry every pair reads the per-token codes.
+  bool interior_codes() const { return isolation == Isolation::kPrefix && scale_geometry == ScaleGeometry::kBlock32; }
 };
 
 // Names as they appear on the command line, in JSON and in the Python API.

@@ -79,6 +79,23 @@ double logit2(const DocOperand& q, int p, const DocOperand& k, int j, double sca
 
 int kv_head_of(int q_head, int q_heads, int kv_heads) { return q_head / (q_heads / kv_heads); }
 
+// K or V of one document and head as the pairs read it: the frontier's codes, and with interior
+// codes (prefix isolation, block32) the block32 codes that interior pairs read instead.
+struct PairOperand {
+  DocOperand frontier, interior;
+  bool has_interior = false;
+  const DocOperand& at(int query, int key) const {
+    return has_interior && tiling::interior_pair(query, key) ? interior : frontier;
+  }
+};
+PairOperand load_pairs(const Mxfp8Tensor& x, const Mxfp8Tensor& x_interior, int begin, int len, int head) {
+  PairOperand out;
+  out.frontier = load(x, begin, len, head);
+  out.has_interior = x_interior.tokens > 0;
+  if (out.has_interior) out.interior = load(x_interior, begin, len, head);
+  return out;
+}
+
 void check_inputs(const QuantizedInputs& in, const Documents& docs) {
   if (in.q.tokens != docs.total_tokens() || in.k.tokens != in.q.tokens || in.v.tokens != in.q.tokens)
     throw std::invalid_argument("q, k, v and cu_seqlens must cover the same number of tokens");
@@ -117,17 +134,24 @@ QuantizedInputs quantize_inputs(const PackedTensor& q, const PackedTensor& k, co
   const ScaleGeometry geometry = options.effective_geometry();
   QuantizedInputs out;
   out.hadamard = options.hadamard;
+  auto rotated = [](const PackedTensor& x) {
+    PackedTensor r = x;
+    hadamard_rotate(r);
+    return r;
+  };
   if (options.hadamard) {
-    PackedTensor qr = q, kr = k;
-    hadamard_rotate(qr);
-    hadamard_rotate(kr);
-    out.q = quantize_mxfp8(qr, docs, geometry, options.scale_rule);
-    out.k = quantize_mxfp8(kr, docs, geometry, options.scale_rule);
+    out.q = quantize_mxfp8(rotated(q), docs, geometry, options.scale_rule);
+    out.k = quantize_mxfp8(rotated(k), docs, geometry, options.scale_rule);
   } else {
     out.q = quantize_mxfp8(q, docs, geometry, options.scale_rule);
     out.k = quantize_mxfp8(k, docs, geometry, options.scale_rule);
   }
   out.v = quantize_mxfp8(v, docs, geometry, options.scale_rule);
+  if (options.interior_codes()) {
+    out.k_interior =
+        quantize_mxfp8(options.hadamard ? rotated(k) : k, docs, ScaleGeometry::kBlock32, options.scale_rule);
+    out.v_interior = quantize_mxfp8(v, docs, ScaleGeometry::kBlock32, options.scale_rule);
+  }
   return out;
 }
 
@@ -150,13 +174,16 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
     const int begin = docs.begin(doc), len = docs.length(doc), p1 = std::min(len, p0 + kRowBlock);
     const int kvh = kv_head_of(h, Hq, Hkv);
     const int keys = shape.causal ? p1 : len;  // the keys these rows can see
-    const DocOperand q = load(in.q, begin, p1, h), k = load(in.k, begin, keys, kvh), v = load(in.v, begin, len, kvh);
+    const DocOperand q = load(in.q, begin, p1, h);
+    const PairOperand k = load_pairs(in.k, in.k_interior, begin, keys, kvh);
+    const PairOperand v = load_pairs(in.v, in.v_interior, begin, len, kvh);
     RouteStats& st = task_stats[t];
 
-    // Mask-aware fold reference: the running max of the V exponents over the visible keys.
+    // Mask-aware fold reference: the running max of the V exponents over the visible keys (the
+    // per-token ones with interior codes: a block32 exponent is its group's largest per-token one).
     std::vector<double> rho(len);
     double running = -kInf;
-    for (int j = 0; j < len; ++j) rho[j] = running = nan_max(running, v.exponents[j]);
+    for (int j = 0; j < len; ++j) rho[j] = running = nan_max(running, v.frontier.exponents[j]);
     if (!shape.causal) std::fill(rho.begin(), rho.end(), running);
 
     std::vector<double> s(tiling::kFwdKeyTile), acc(D);
@@ -167,15 +194,16 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
       for (int kt = last / tiling::kFwdKeyTile; kt >= 0; --kt) {  // diagonal tile first
         const int j0 = kt * tiling::kFwdKeyTile, j1 = std::min(j0 + tiling::kFwdKeyTile, last + 1);
         double m_new = m;
-        for (int j = j0; j < j1; ++j) m_new = nan_max(m_new, s[j - j0] = logit2(q, p, k, j, scale_log2e));
+        for (int j = j0; j < j1; ++j) m_new = nan_max(m_new, s[j - j0] = logit2(q, p, k.at(p, j), j, scale_log2e));
         const double alpha = m == -kInf ? 0.0 : std::exp2(m - m_new);
         l *= alpha;
         for (double& a : acc) a *= alpha;
         for (int j = j0; j < j1; ++j) {
           const double pj = std::exp2(s[j - j0] - m_new);
           l += pj;  // the row sum uses unrounded p
-          const double pt = round_fresh(pj * std::exp2(boost + v.exponents[j] - rho[p]), st.saturated_p);
-          if (pt != 0.0) axpy(pt, v.row(j), acc.data(), D);
+          const DocOperand& vj = v.at(p, j);
+          const double pt = round_fresh(pj * std::exp2(boost + vj.exponents[j] - rho[p]), st.saturated_p);
+          if (pt != 0.0) axpy(pt, vj.row(j), acc.data(), D);
         }
         m = m_new;
       }
@@ -188,6 +216,7 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
   if (stats) {
     for (const auto& st : task_stats) stats->merge(st);
     stats->saturated_q += in.q.saturated, stats->saturated_k += in.k.saturated, stats->saturated_v += in.v.saturated;
+    stats->saturated_k += in.k_interior.saturated, stats->saturated_v += in.v_interior.saturated;
   }
   return out;
 }
@@ -218,7 +247,8 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
     const int doc = item / Hkv, kvh = item % Hkv, begin = docs.begin(doc), len = docs.length(doc);
     if (len == 0) return;
     RouteStats& st = item_stats[item];
-    const DocOperand k = load(in.k, begin, len, kvh), v = load(in.v, begin, len, kvh);
+    const PairOperand k = load_pairs(in.k, in.k_interior, begin, len, kvh);
+    const PairOperand v = load_pairs(in.v, in.v_interior, begin, len, kvh);
     std::vector<double> dk(size_t(len) * D, 0.0), dv(size_t(len) * D, 0.0);
     // U_ij (or its 32x32-square rounding) and the rounded dV operand for a chunk of rows x all keys
     // (0 where masked); chunks of rows keep the memory at kChunkRows x len.
@@ -259,8 +289,9 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
           double* u_row = &u_at(p, 0);
           double* pt_row = &PT[size_t(p - c0) * len];
           for (int j = 0; j <= last; ++j) {
-            const double pij = std::exp2(logit2(q, p, k, j, scale_log2e) - lse2);
-            const double eij = dot(g.row(p), v.row(j), D) * std::exp2(g.exponents[p] + v.exponents[j]);
+            const DocOperand& vj = v.at(p, j);
+            const double pij = std::exp2(logit2(q, p, k.at(p, j), j, scale_log2e) - lse2);
+            const double eij = dot(g.row(p), vj.row(j), D) * std::exp2(g.exponents[p] + vj.exponents[j]);
             const double uij = pij * (eij - Di);
             u_row[j] = uij;
             row_residual += uij * scale;
@@ -284,7 +315,8 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
             double* dq = out.dq.row(begin + p0 + r, h);
             for (int j = 0; j <= last_col; ++j) {
               const double u = u_at(p0 + r, j);
-              if (u != 0.0) axpy(u * scale * std::exp2(k.exponents[j]), k.row(j), dq, D);
+              const DocOperand& kj = k.at(p0 + r, j);
+              if (u != 0.0) axpy(u * scale * std::exp2(kj.exponents[j]), kj.row(j), dq, D);
             }
           }
           return;
@@ -297,16 +329,18 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
           for (int j0 = 0; j0 <= last; j0 += kKT) {
             const int j1 = std::min(j0 + kKT, last + 1);
             double amax = 0.0;
-            for (int j = j0; j < j1; ++j) amax = nan_max(amax, std::fabs(u_row[j] * std::exp2(k.exponents[j])));
+            // The key tile is wholly interior or wholly at the frontier for the row (core/tiling.h).
+            const DocOperand& kt = k.at(p, j0);
+            for (int j = j0; j < j1; ++j) amax = nan_max(amax, std::fabs(u_row[j] * std::exp2(kt.exponents[j])));
             const uint8_t sigma = formats::scale_for_amax(amax, ScaleRule::kCeil);
             for (int j = j0; j < j1; ++j) {
-              const double w = u_row[j] * std::exp2(k.exponents[j]);
+              const double w = u_row[j] * std::exp2(kt.exponents[j]);
               const double wt = formats::decode_scaled_e4m3(formats::encode_scaled_e4m3(w, sigma), sigma);
               if (w != 0.0) {
                 ++ts.u_nonzero;
                 if (wt == 0.0) ++ts.u_zeroed;
               }
-              if (wt != 0.0) axpy(wt * scale, k.row(j), dq, D);
+              if (wt != 0.0) axpy(wt * scale, kt.row(j), dq, D);
             }
           }
         }

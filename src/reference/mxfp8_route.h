@@ -10,7 +10,11 @@
 //   p_ij  = 2^(s_ij - m_i)   with m_i the running max after each key tile (diagonal tile first)
 //   O_i   = sum_j E4M3(p_ij 2^(boost + ev_j - rho_i)) cv_j * 2^(rho_i - boost) / l_i
 //   rho_i = max of ev_j over the keys visible to i (a mask-aware fold reference: it never
-//           looks at keys after i, so it is prefix-safe in every mode)
+//           looks at keys after i, so it is prefix-safe in every mode; with interior codes, of the
+//           per-token ev_j, which bounds every interior group's block32 exponent too)
+// With interior codes (prefix isolation, block32) ck_j, ek_j, cv_j and ev_j are the block32 codes
+// on interior pairs (tiling::interior_pair) and the per-token codes on the others, in every line
+// above and below.
 // Backward, rebuilding P from the saved LSE with the forward's codes:
 //   D_i = sum_f G^_if O_if (reconstructed dO, saved BF16 O);  E_ij = (cg_i . cv_j) 2^(eg_i + ev_j)
 //   U_ij = P_ij (E_ij - D_i);  dS = scale * U
@@ -45,10 +49,14 @@ struct RouteStats {
 };
 
 // Q, K and V after the optional Hadamard rotation, encoded once; the forward and the backward
-// both read these codes.
+// both read these codes. With NumericsOptions::interior_codes() (prefix isolation, block32), K and
+// V are also encoded block32 (k_interior, v_interior): interior pairs (tiling::interior_pair) read
+// those, every other pair k and v's per-token codes. Empty otherwise.
 struct QuantizedInputs {
   Mxfp8Tensor q, k, v;
+  Mxfp8Tensor k_interior, v_interior;
   bool hadamard = false;
+  bool has_interior_codes() const { return k_interior.tokens > 0; }
 };
 
 QuantizedInputs quantize_inputs(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,

@@ -2,6 +2,7 @@
 // 16-byte aligned pointers that validation never dereferences).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -251,7 +252,7 @@ TEST(CapiValidation, UnsupportedHeadDimAndSizes) {
     EXPECT_TRUE(Fails(c.validate(), kNotSupported, "tokens * heads * dim"));
     size_t bytes = 1;
     flamia_error err;
-    EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, &c.docs, &bytes, &err), kNotSupported);
+    EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, &c.docs, &c.options, &bytes, &err), kNotSupported);
     EXPECT_EQ(bytes, 0u);
   }
   {
@@ -442,8 +443,8 @@ TEST(CapiValidation, NumericsOptionsMapping) {
 TEST(CapiValidation, WorkspaceLayout) {
   for (const auto& [T, Hq, Hkv, D, docs] : std::vector<std::array<int64_t, 5>>{
            {1, 1, 1, 64, 1}, {14, 4, 2, 64, 3}, {1000, 32, 8, 128, 7}, {777, 6, 3, 128, 777}, {3, 65535, 1, 64, 2}}) {
-    const ForwardWorkspace w = forward_workspace_layout(T, Hq, Hkv, D, docs);
-    const ForwardWorkspace again = forward_workspace_layout(T, Hq, Hkv, D, docs);
+    const ForwardWorkspace w = forward_workspace_layout(T, Hq, Hkv, D, docs, false);
+    const ForwardWorkspace again = forward_workspace_layout(T, Hq, Hkv, D, docs, false);
     EXPECT_EQ(w.total, again.total);
     EXPECT_EQ(w.total % kWorkspaceAlignment, 0u);
     EXPECT_EQ(w.q_codes_t.bytes + w.k_codes_t.bytes + w.v_codes.bytes, 0u) << "layouts the forward does not read";
@@ -466,15 +467,17 @@ TEST(CapiValidation, WorkspaceLayout) {
     flamia_tensor q = packed(0x10000, T, Hq, D), k = packed(0x20000, T, Hkv, D), v = packed(0x30000, T, Hkv, D);
     flamia_documents d{};
     d.num_docs = int32_t(docs);
+    flamia_options opt;
+    flamia_default_options(&opt);
     size_t bytes = 0;
     flamia_error err;
-    ASSERT_EQ(flamia_forward_workspace_size(&q, &k, &v, &d, &bytes, &err), FLAMIA_SUCCESS) << err.message;
+    ASSERT_EQ(flamia_forward_workspace_size(&q, &k, &v, &d, &opt, &bytes, &err), FLAMIA_SUCCESS) << err.message;
     EXPECT_STREQ(err.message, "");
     EXPECT_EQ(bytes, w.total);
     // The data pointers and cu_seqlens do not matter to the size query.
     q.data = k.data = v.data = nullptr;
     size_t bytes2 = 0;
-    EXPECT_EQ(flamia_forward_workspace_size(&q, &k, &v, &d, &bytes2, nullptr), FLAMIA_SUCCESS);
+    EXPECT_EQ(flamia_forward_workspace_size(&q, &k, &v, &d, &opt, &bytes2, nullptr), FLAMIA_SUCCESS);
     EXPECT_EQ(bytes2, bytes);
   }
 }
@@ -483,34 +486,129 @@ TEST(CapiValidation, WorkspaceSizeQueryErrors) {
   Call c;
   size_t bytes = 0;
   flamia_error err;
-  EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, &c.docs, nullptr, &err), kInvalid);
+  EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, &c.docs, &c.options, nullptr, &err), kInvalid);
   EXPECT_NE(std::string(err.message).find("bytes"), std::string::npos);
-  EXPECT_EQ(flamia_forward_workspace_size(nullptr, &c.k, &c.v, &c.docs, &bytes, &err), kInvalid);
+  EXPECT_EQ(flamia_forward_workspace_size(nullptr, &c.k, &c.v, &c.docs, &c.options, &bytes, &err), kInvalid);
   EXPECT_NE(std::string(err.message).find("q is NULL"), std::string::npos);
-  EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, nullptr, &bytes, &err), kInvalid);
+  EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, nullptr, &c.options, &bytes, &err), kInvalid);
   EXPECT_NE(std::string(err.message).find("docs is NULL"), std::string::npos);
   flamia_documents no_docs = c.docs;
   no_docs.num_docs = 0;
-  EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, &no_docs, &bytes, &err), kInvalid);
+  EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, &no_docs, &c.options, &bytes, &err), kInvalid);
   EXPECT_NE(std::string(err.message).find("docs.num_docs"), std::string::npos);
-  EXPECT_EQ(flamia_backward_workspace_size(&c.q, &c.k, &c.v, &no_docs, &bytes, &err), kInvalid);
+  EXPECT_EQ(flamia_backward_workspace_size(&c.q, &c.k, &c.v, &no_docs, &c.options, &bytes, &err), kInvalid);
   EXPECT_NE(std::string(err.message).find("docs.num_docs"), std::string::npos);
   c.q.dtype = FLAMIA_DTYPE_FP32;
-  EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, &c.docs, &bytes, &err), kInvalid);
+  EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, &c.docs, &c.options, &bytes, &err), kInvalid);
   EXPECT_NE(std::string(err.message).find("q.dtype"), std::string::npos);
   Call g;
   g.k = packed(0x20000, Call::T, 3, Call::D);
   g.v = packed(0x30000, Call::T, 3, Call::D);
-  EXPECT_EQ(flamia_forward_workspace_size(&g.q, &g.k, &g.v, &g.docs, &bytes, &err), kInvalid);
+  EXPECT_EQ(flamia_forward_workspace_size(&g.q, &g.k, &g.v, &g.docs, &g.options, &bytes, &err), kInvalid);
   EXPECT_NE(std::string(err.message).find("k.heads"), std::string::npos);
   Call d;
   d.q.dim = d.k.dim = d.v.dim = 96;
-  EXPECT_EQ(flamia_forward_workspace_size(&d.q, &d.k, &d.v, &d.docs, &bytes, &err), kNotSupported);
+  EXPECT_EQ(flamia_forward_workspace_size(&d.q, &d.k, &d.v, &d.docs, &d.options, &bytes, &err), kNotSupported);
   EXPECT_NE(std::string(err.message).find("head_dim"), std::string::npos);
+  // The size depends on the options (prefix isolation encodes K and V twice): they are checked too.
+  Call o;
+  EXPECT_EQ(flamia_forward_workspace_size(&o.q, &o.k, &o.v, &o.docs, nullptr, &bytes, &err), kInvalid);
+  EXPECT_NE(std::string(err.message).find("options is NULL"), std::string::npos);
+  flamia_options bad = o.options;
+  bad.isolation = static_cast<flamia_isolation>(7);
+  EXPECT_EQ(flamia_saved_codes_size(&o.q, &o.k, &o.v, &o.docs, &bad, &bytes, &err), kInvalid);
+  EXPECT_NE(std::string(err.message).find("options.isolation"), std::string::npos);
+}
+
+// Prefix isolation with block32 geometry encodes K and V a second time (the interior codes): each
+// layout gets their regions in the code layouts its call reads (the forward K rows and V
+// transposed; the backward K and V rows and K transposed; the saved codes both), apart from the
+// others, and the size queries take them from the options.
+TEST(CapiValidation, InteriorCodesRegions) {
+  const int64_t T = 1000, Hq = 8, Hkv = 2, D = 128, docs = 9;
+  const size_t slots = size_t(32 * ((T + 31) / 32 + docs));
+  const size_t rows = size_t(T * Hkv * D), transposed = size_t(Hkv * D) * slots, scales = size_t(T * Hkv);
+  auto disjoint = [](std::vector<WorkspaceRegion> regions, size_t total) {
+    std::sort(regions.begin(), regions.end(), [](auto& a, auto& b) { return a.offset < b.offset; });
+    size_t end = 0;
+    for (const auto& r : regions) {
+      if (r.bytes == 0) continue;
+      EXPECT_EQ(r.offset % kWorkspaceAlignment, 0u);
+      EXPECT_GE(r.offset, end) << "regions must not overlap";
+      end = r.offset + r.bytes;
+    }
+    EXPECT_LE(end, total);
+  };
+  const ForwardWorkspace f = forward_workspace_layout(T, Hq, Hkv, D, docs, true);
+  const ForwardWorkspace f0 = forward_workspace_layout(T, Hq, Hkv, D, docs, false);
+  EXPECT_GE(f.k_interior_codes.bytes, rows);
+  EXPECT_GE(f.v_interior_codes_t.bytes, transposed);
+  EXPECT_GE(f.k_interior_scales.bytes, scales);
+  EXPECT_GE(f.v_interior_scales.bytes, scales);
+  EXPECT_EQ(f.k_interior_codes_t.bytes + f.v_interior_codes.bytes, 0u) << "layouts the forward does not read";
+  for (const auto& r : {f0.k_interior_codes, f0.v_interior_codes_t, f0.k_interior_scales, f0.v_interior_scales})
+    EXPECT_EQ(r.bytes, 0u);
+  EXPECT_GE(f.total, f0.total + rows + transposed + 2 * scales);
+  disjoint({f.q_codes, f.k_codes, f.v_codes_t, f.q_scales, f.k_scales, f.v_scales, f.k_interior_codes,
+            f.v_interior_codes_t, f.k_interior_scales, f.v_interior_scales, f.v_fold_ref, f.work_counter},
+           f.total);
+  const BackwardWorkspace b = backward_workspace_layout(T, Hq, Hkv, D, docs, true);
+  EXPECT_GE(b.k_interior_codes.bytes, rows);
+  EXPECT_GE(b.v_interior_codes.bytes, rows);
+  EXPECT_GE(b.k_interior_codes_t.bytes, transposed);
+  EXPECT_EQ(b.v_interior_codes_t.bytes, 0u) << "a layout the backward does not read";
+  disjoint({b.q_codes, b.k_codes, b.v_codes, b.g_codes, b.q_codes_t, b.k_codes_t, b.g_codes_t, b.q_scales,
+            b.k_scales, b.v_scales, b.g_scales, b.k_interior_codes, b.v_interior_codes, b.k_interior_codes_t,
+            b.k_interior_scales, b.v_interior_scales, b.g_scale_prefix_max, b.delta, b.work_counter},
+           b.total);
+  const SavedCodes s = saved_codes_layout(T, Hq, Hkv, D, docs, true);
+  const SavedCodes s0 = saved_codes_layout(T, Hq, Hkv, D, docs, false);
+  EXPECT_GE(s.total, s0.total + 2 * rows + 2 * transposed + 2 * scales);
+  disjoint({s.q_codes, s.k_codes, s.v_codes, s.q_codes_t, s.k_codes_t, s.v_codes_t, s.q_scales, s.k_scales,
+            s.v_scales, s.k_interior_codes, s.v_interior_codes, s.k_interior_codes_t, s.v_interior_codes_t,
+            s.k_interior_scales, s.v_interior_scales},
+           s.total);
+  // The kernels reach K's and V's interior scales with one shift from their other scales.
+  auto one_shift = [](const auto& l) {
+    const int64_t shift = interior_scales_shift(l);
+    EXPECT_GT(shift, 0);
+    EXPECT_EQ(int64_t(l.k_interior_scales.offset) - int64_t(l.k_scales.offset), shift);
+    EXPECT_EQ(int64_t(l.v_interior_scales.offset) - int64_t(l.v_scales.offset), shift);
+  };
+  one_shift(f);
+  one_shift(b);
+  one_shift(s);
+  EXPECT_EQ(interior_scales_shift(f0), 0);
+  EXPECT_EQ(interior_scales_shift(s0), 0);
+  // With saved codes the workspaces hold none of them.
+  EXPECT_EQ(forward_workspace_layout(T, Hq, Hkv, D, docs, true, QkvCodes::kSaved).total,
+            forward_workspace_layout(T, Hq, Hkv, D, docs, false, QkvCodes::kSaved).total);
+  EXPECT_EQ(backward_workspace_layout(T, Hq, Hkv, D, docs, true, QkvCodes::kSaved).total,
+            backward_workspace_layout(T, Hq, Hkv, D, docs, false, QkvCodes::kSaved).total);
+
+  flamia_tensor q = packed(0x10000, T, Hq, D), k = packed(0x20000, T, Hkv, D), v = packed(0x30000, T, Hkv, D);
+  flamia_documents d{};
+  d.num_docs = int32_t(docs);
+  flamia_options prefix, prefix_token;
+  flamia_default_options(&prefix);
+  prefix.isolation = FLAMIA_ISOLATION_PREFIX;
+  prefix_token = prefix;
+  prefix_token.scale_geometry = FLAMIA_SCALE_TOKEN;  // per-token codes on every pair: no second encoding
+  size_t bytes = 0;
+  ASSERT_EQ(flamia_forward_workspace_size(&q, &k, &v, &d, &prefix, &bytes, nullptr), FLAMIA_SUCCESS);
+  EXPECT_EQ(bytes, f.total);
+  ASSERT_EQ(flamia_forward_workspace_size(&q, &k, &v, &d, &prefix_token, &bytes, nullptr), FLAMIA_SUCCESS);
+  EXPECT_EQ(bytes, f0.total);
+  ASSERT_EQ(flamia_backward_workspace_size(&q, &k, &v, &d, &prefix, &bytes, nullptr), FLAMIA_SUCCESS);
+  EXPECT_EQ(bytes, b.total);
+  ASSERT_EQ(flamia_saved_codes_size(&q, &k, &v, &d, &prefix, &bytes, nullptr), FLAMIA_SUCCESS);
+  EXPECT_EQ(bytes, s.total);
+  ASSERT_EQ(flamia_saved_codes_size(&q, &k, &v, &d, &prefix_token, &bytes, nullptr), FLAMIA_SUCCESS);
+  EXPECT_EQ(bytes, s0.total);
 }
 
 TEST(CapiValidation, WorkspaceCheck) {
-  const ForwardWorkspace w = forward_workspace_layout(14, 4, 2, 64, 3);
+  const ForwardWorkspace w = forward_workspace_layout(14, 4, 2, 64, 3, false);
   EXPECT_TRUE(check_workspace(w, fake_pointer(0x100000), w.total).ok());
   EXPECT_TRUE(check_workspace(w, fake_pointer(0x100000), w.total + 1000).ok());
   EXPECT_TRUE(Fails(check_workspace(w, nullptr, w.total), FLAMIA_ERROR_WORKSPACE, "workspace is NULL"));
@@ -584,7 +682,7 @@ TEST(CapiValidation, BackwardChecksEveryArgument) {
 TEST(CapiValidation, BackwardWorkspaceLayout) {
   for (const auto& [T, Hq, Hkv, D, docs] : std::vector<std::array<int64_t, 5>>{
            {1, 1, 1, 64, 1}, {14, 4, 2, 64, 3}, {1000, 32, 8, 128, 9}, {777, 6, 3, 128, 700}}) {
-    const BackwardWorkspace w = backward_workspace_layout(T, Hq, Hkv, D, docs);
+    const BackwardWorkspace w = backward_workspace_layout(T, Hq, Hkv, D, docs, false);
     EXPECT_EQ(w.total % kWorkspaceAlignment, 0u);
     EXPECT_EQ(w.v_codes_t.bytes, 0u) << "a layout the backward does not read";
     const size_t slots = size_t(32 * ((T + 31) / 32 + docs));
@@ -606,18 +704,20 @@ TEST(CapiValidation, BackwardWorkspaceLayout) {
     flamia_tensor q = packed(0x10000, T, Hq, D), k = packed(0x20000, T, Hkv, D), v = packed(0x30000, T, Hkv, D);
     flamia_documents d{};
     d.num_docs = int32_t(docs);
+    flamia_options opt;
+    flamia_default_options(&opt);
     size_t bytes = 0;
     flamia_error err;
-    ASSERT_EQ(flamia_backward_workspace_size(&q, &k, &v, &d, &bytes, &err), FLAMIA_SUCCESS) << err.message;
+    ASSERT_EQ(flamia_backward_workspace_size(&q, &k, &v, &d, &opt, &bytes, &err), FLAMIA_SUCCESS) << err.message;
     EXPECT_EQ(bytes, w.total);
   }
   size_t bytes = 0;
   Call d;
   d.q.dim = d.k.dim = d.v.dim = 96;
-  EXPECT_EQ(flamia_backward_workspace_size(&d.q, &d.k, &d.v, &d.docs, &bytes, nullptr), kNotSupported);
-  EXPECT_EQ(flamia_backward_workspace_size(&d.q, &d.k, &d.v, &d.docs, nullptr, nullptr), kInvalid);
+  EXPECT_EQ(flamia_backward_workspace_size(&d.q, &d.k, &d.v, &d.docs, &d.options, &bytes, nullptr), kNotSupported);
+  EXPECT_EQ(flamia_backward_workspace_size(&d.q, &d.k, &d.v, &d.docs, &d.options, nullptr, nullptr), kInvalid);
 
-  const BackwardWorkspace w = backward_workspace_layout(14, 4, 2, 64, 3);
+  const BackwardWorkspace w = backward_workspace_layout(14, 4, 2, 64, 3, false);
   EXPECT_TRUE(check_workspace(w, fake_pointer(0x100000), w.total).ok());
   EXPECT_TRUE(Fails(check_workspace(w, fake_pointer(0x100000), w.total - 1), FLAMIA_ERROR_WORKSPACE,
                     "flamia_backward_workspace_size"));
@@ -630,7 +730,7 @@ TEST(CapiValidation, SavedCodesLayouts) {
   for (const auto& [T, Hq, Hkv, D, docs] : std::vector<std::array<int64_t, 5>>{
            {1, 1, 1, 64, 1}, {14, 4, 2, 64, 3}, {1000, 32, 8, 128, 9}, {777, 6, 3, 128, 700}}) {
     const size_t slots = size_t(32 * ((T + 31) / 32 + docs));
-    const SavedCodes s = saved_codes_layout(T, Hq, Hkv, D, docs);
+    const SavedCodes s = saved_codes_layout(T, Hq, Hkv, D, docs, false);
     EXPECT_EQ(s.total % kWorkspaceAlignment, 0u);
     const WorkspaceRegion regions[] = {s.q_codes,   s.k_codes,   s.v_codes,  s.q_codes_t, s.k_codes_t,
                                        s.v_codes_t, s.q_scales, s.k_scales, s.v_scales};
@@ -647,15 +747,15 @@ TEST(CapiValidation, SavedCodesLayouts) {
     EXPECT_LE(end, s.total);
 
     // Without q, k, v's regions the workspaces keep the rest, in the same sizes.
-    const ForwardWorkspace f = forward_workspace_layout(T, Hq, Hkv, D, docs, QkvCodes::kSaved);
-    const ForwardWorkspace f_own = forward_workspace_layout(T, Hq, Hkv, D, docs);
+    const ForwardWorkspace f = forward_workspace_layout(T, Hq, Hkv, D, docs, false, QkvCodes::kSaved);
+    const ForwardWorkspace f_own = forward_workspace_layout(T, Hq, Hkv, D, docs, false);
     for (const WorkspaceRegion& r : {f.q_codes, f.k_codes, f.v_codes_t, f.q_scales, f.k_scales, f.v_scales})
       EXPECT_EQ(r.bytes, 0u);
     EXPECT_EQ(f.v_fold_ref.bytes, f_own.v_fold_ref.bytes);
     EXPECT_EQ(f.work_counter.bytes, f_own.work_counter.bytes);
     EXPECT_LT(f.total, f_own.total);
-    const BackwardWorkspace b = backward_workspace_layout(T, Hq, Hkv, D, docs, QkvCodes::kSaved);
-    const BackwardWorkspace b_own = backward_workspace_layout(T, Hq, Hkv, D, docs);
+    const BackwardWorkspace b = backward_workspace_layout(T, Hq, Hkv, D, docs, false, QkvCodes::kSaved);
+    const BackwardWorkspace b_own = backward_workspace_layout(T, Hq, Hkv, D, docs, false);
     for (const WorkspaceRegion& r : {b.q_codes, b.k_codes, b.v_codes, b.q_codes_t, b.k_codes_t, b.q_scales,
                                      b.k_scales, b.v_scales})
       EXPECT_EQ(r.bytes, 0u);
@@ -677,16 +777,18 @@ TEST(CapiValidation, SavedCodesLayouts) {
     flamia_tensor q = packed(0x10000, T, Hq, D), k = packed(0x20000, T, Hkv, D), v = packed(0x30000, T, Hkv, D);
     flamia_documents d{};
     d.num_docs = int32_t(docs);
+    flamia_options opt;
+    flamia_default_options(&opt);
     flamia_error err;
     const std::pair<flamia_status (*)(const flamia_tensor*, const flamia_tensor*, const flamia_tensor*,
-                                      const flamia_documents*, size_t*, flamia_error*),
+                                      const flamia_documents*, const flamia_options*, size_t*, flamia_error*),
                     size_t>
         queries[] = {{flamia_saved_codes_size, s.total},
                      {flamia_forward_train_workspace_size, f.total},
                      {flamia_backward_saved_workspace_size, b.total}};
     for (const auto& [query, total] : queries) {
       size_t bytes = 0;
-      ASSERT_EQ(query(&q, &k, &v, &d, &bytes, &err), FLAMIA_SUCCESS) << err.message;
+      ASSERT_EQ(query(&q, &k, &v, &d, &opt, &bytes, &err), FLAMIA_SUCCESS) << err.message;
       EXPECT_EQ(bytes, total);
     }
   }
@@ -694,17 +796,17 @@ TEST(CapiValidation, SavedCodesLayouts) {
   d.q.dim = d.k.dim = d.v.dim = 96;
   size_t bytes = 0;
   for (auto query : {flamia_saved_codes_size, flamia_forward_train_workspace_size, flamia_backward_saved_workspace_size}) {
-    EXPECT_EQ(query(&d.q, &d.k, &d.v, &d.docs, &bytes, nullptr), kNotSupported);
-    EXPECT_EQ(query(&d.q, &d.k, &d.v, &d.docs, nullptr, nullptr), kInvalid);
+    EXPECT_EQ(query(&d.q, &d.k, &d.v, &d.docs, &d.options, &bytes, nullptr), kNotSupported);
+    EXPECT_EQ(query(&d.q, &d.k, &d.v, &d.docs, &d.options, nullptr, nullptr), kInvalid);
   }
 
-  const SavedCodes s = saved_codes_layout(14, 4, 2, 64, 3);
+  const SavedCodes s = saved_codes_layout(14, 4, 2, 64, 3, false);
   EXPECT_TRUE(check_saved_codes(s, fake_pointer(0x100000), s.total).ok());
   EXPECT_TRUE(Fails(check_saved_codes(s, nullptr, s.total), FLAMIA_ERROR_WORKSPACE, "saved_codes is NULL"));
   EXPECT_TRUE(Fails(check_saved_codes(s, fake_pointer(0x100000), s.total - 1), FLAMIA_ERROR_WORKSPACE,
                     "flamia_saved_codes_size"));
   EXPECT_TRUE(Fails(check_saved_codes(s, fake_pointer(0x100080), s.total), FLAMIA_ERROR_WORKSPACE, "256-byte"));
-  const ForwardWorkspace f = forward_workspace_layout(14, 4, 2, 64, 3, QkvCodes::kSaved);
+  const ForwardWorkspace f = forward_workspace_layout(14, 4, 2, 64, 3, false, QkvCodes::kSaved);
   EXPECT_TRUE(Fails(check_workspace(f, fake_pointer(0x100000), f.total - 1, "flamia_forward_train_workspace_size"),
                     FLAMIA_ERROR_WORKSPACE, "flamia_forward_train_workspace_size"));
 }

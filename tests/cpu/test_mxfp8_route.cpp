@@ -8,6 +8,7 @@
 #include "analysis/metrics.h"
 #include "analysis/numerics.h"
 #include "analysis/probe.h"
+#include "core/tiling.h"
 #include "reference/attention_fp64.h"
 #include "reference/mxfp8_route.h"
 
@@ -97,7 +98,8 @@ TEST_P(Mxfp8RouteShapes, TracksTheFp64Reference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(GqaMqaMhaCausalConfigs, Mxfp8RouteShapes,
-                         ::testing::Combine(::testing::Values(4, 2, 1), ::testing::Bool(), ::testing::Range(0, 5)));
+                         ::testing::Combine(::testing::Values(4, 2, 1), ::testing::Bool(),
+                                            ::testing::Range(0, int(analysis::default_numerics_configs().size()))));
 
 TEST(Mxfp8Route, HadamardRotationKeepsAccuracyAndRotatesGradientsBack) {
   const auto in = analysis::random_inputs({{200, 70}, 2, 2, 128}, 4);
@@ -151,8 +153,62 @@ TEST(Mxfp8Route, PrefixModeUsesPerTokenScales) {
   NumericsOptions opt;
   opt.isolation = Isolation::kPrefix;
   EXPECT_EQ(opt.effective_geometry(), ScaleGeometry::kToken);
+  EXPECT_TRUE(opt.interior_codes());
+  opt.scale_geometry = ScaleGeometry::kToken;
+  EXPECT_FALSE(opt.interior_codes());
   opt.isolation = Isolation::kDocument;
+  EXPECT_EQ(opt.effective_geometry(), ScaleGeometry::kToken);
+  opt.scale_geometry = ScaleGeometry::kBlock32;
   EXPECT_EQ(opt.effective_geometry(), ScaleGeometry::kBlock32);
+  EXPECT_FALSE(opt.interior_codes());
+}
+
+// Prefix isolation with block32 geometry reads K's and V's block32 codes on interior pairs (the key
+// kFrontierTiles 128-token tiles or more before the query's) and their per-token codes on the
+// others. Against prefix isolation with token geometry (per-token codes on every pair): the rows
+// of a document's first kFrontierTiles tiles see no interior pair and agree bitwise, in O, LSE and
+// dQ; the later rows read other codes and differ; and K and V's second encoding is the block32
+// one of document mode.
+TEST(Mxfp8Route, PrefixModeReadsBlock32CodesOnInteriorPairsOnly) {
+  auto in = analysis::random_inputs({{420, 90}, 2, 1, 64}, 5);
+  // Tokens of unequal size, so that a group's scale pushes its small tokens' codes toward the
+  // subnormals (on equal-sized tokens the two encodings mostly decode to the same values).
+  for (int t = 0; t < in.k.tokens; ++t)
+    for (int f = 0; f < in.k.dim; ++f) {
+      in.k.at(t, 0, f) = std::ldexp(in.k.at(t, 0, f), -3 * (t % 5));
+      in.v.at(t, 0, f) = std::ldexp(in.v.at(t, 0, f), -3 * ((t + 2) % 5));
+    }
+  NumericsOptions interior, token, document;
+  interior.isolation = token.isolation = Isolation::kPrefix;
+  token.scale_geometry = ScaleGeometry::kToken;
+  const auto qin = quantize_inputs(in.q, in.k, in.v, in.docs, interior);
+  ASSERT_TRUE(qin.has_interior_codes());
+  EXPECT_FALSE(quantize_inputs(in.q, in.k, in.v, in.docs, token).has_interior_codes());
+  const auto block = quantize_inputs(in.q, in.k, in.v, in.docs, document);
+  EXPECT_EQ(qin.k_interior.codes, block.k.codes);
+  EXPECT_EQ(qin.k_interior.scales, block.k.scales);
+  EXPECT_EQ(qin.v_interior.codes, block.v.codes);
+  EXPECT_EQ(qin.v_interior.scales, block.v.scales);
+  EXPECT_NE(qin.k.scales, block.k.scales);  // the frontier's codes are per token
+
+  const Call a = emulate(in, interior), b = emulate(in, token);
+  int later_rows_differ = 0;
+  for (int doc = 0; doc < in.docs.count(); ++doc)
+    for (int p = 0; p < in.docs.length(doc); ++p) {
+      const int t = in.docs.begin(doc) + p;
+      bool same = true;
+      for (int h = 0; h < in.q.heads; ++h) {
+        same = same && a.fwd.lse.at(h, t) == b.fwd.lse.at(h, t);
+        for (int f = 0; f < in.q.dim; ++f)
+          same = same && a.fwd.o.at(t, h, f) == b.fwd.o.at(t, h, f) && a.grads.dq.at(t, h, f) == b.grads.dq.at(t, h, f);
+      }
+      if (p < tiling::kFrontierTile * tiling::kFrontierTiles) {
+        EXPECT_TRUE(same) << "document " << doc << " row " << p << " has no interior pair";
+      } else {
+        later_rows_differ += !same;
+      }
+    }
+  EXPECT_GT(later_rows_differ, (420 - tiling::kFrontierTile * tiling::kFrontierTiles) / 2);
 }
 
 // The isolation contract (DESIGN.md §3) on the CPU emulation, with the probe's controls.
@@ -190,6 +246,14 @@ INSTANTIATE_TEST_SUITE_P(GeometryRuleHeads, IsolationProbe,
                          ::testing::Combine(::testing::Values(ScaleGeometry::kBlock32, ScaleGeometry::kToken),
                                             ::testing::Values(ScaleRule::kCeil, ScaleRule::kFloor), ::testing::Values(4, 1)),
                          probe_param_name);
+
+// The default probed row reads prefix isolation's interior codes (keys kFrontierTiles tiles back),
+// so the probe covers both of K's and V's encodings.
+TEST(IsolationProbe, DefaultPositionReachesTheInteriorCodes) {
+  const analysis::ProbeOptions o;
+  EXPECT_TRUE(tiling::interior_pair(o.position, 0));
+  EXPECT_FALSE(tiling::interior_pair(o.position, o.position));
+}
 
 TEST(IsolationProbe, RejectsPositionsWithoutASuffix) {
   analysis::ProbeOptions o;

@@ -131,12 +131,12 @@ struct ForwardCall {
     size_t bytes = 0;
     flamia_error err{};
     const bool saving = hand_over == QkvHandOver::kSavedCodes;
-    if ((saving ? flamia_forward_train_workspace_size : flamia_forward_workspace_size)(&q.desc, &k.desc, &v.desc, &docs,
-                                                                                      &bytes, &err) != FLAMIA_SUCCESS)
+    if ((saving ? flamia_forward_train_workspace_size : flamia_forward_workspace_size)(
+            &q.desc, &k.desc, &v.desc, &docs, &options, &bytes, &err) != FLAMIA_SUCCESS)
       throw std::runtime_error(err.message);
     workspace = DeviceBuffer(bytes);
     if (saving) {
-      if (flamia_saved_codes_size(&q.desc, &k.desc, &v.desc, &docs, &bytes, &err) != FLAMIA_SUCCESS)
+      if (flamia_saved_codes_size(&q.desc, &k.desc, &v.desc, &docs, &options, &bytes, &err) != FLAMIA_SUCCESS)
         throw std::runtime_error(err.message);
       saved_codes = DeviceBuffer(bytes);
       FLAMIA_CUDA_CHECK(cudaMemset(saved_codes.get(), 0xFF, bytes));  // poison: every byte read must be written
@@ -179,7 +179,7 @@ struct TrainingCall : ForwardCall {
     size_t bytes = 0;
     flamia_error err{};
     if ((hand_over == QkvHandOver::kSavedCodes ? flamia_backward_saved_workspace_size : flamia_backward_workspace_size)(
-            &q.desc, &k.desc, &v.desc, &docs, &bytes, &err) != FLAMIA_SUCCESS)
+            &q.desc, &k.desc, &v.desc, &docs, &options, &bytes, &err) != FLAMIA_SUCCESS)
       throw std::runtime_error(err.message);
     backward_workspace = DeviceBuffer(bytes);
   }

@@ -545,6 +545,84 @@ TEST_F(Gpu, MalformedCuSeqlensStayInBounds) {
   }
 }
 
+// A second, block32 encoding in the per-token pass (prefix isolation's interior codes of K and V):
+// the per-token outputs are bitwise those of a per-token launch alone, the second ones those of a
+// block32 launch alone, except each document's last skip_tiles tiles, whose second codes, scales
+// and transposed slots stay untouched (no pair reads them). Documents shorter than, equal to and
+// longer than the skipped tiles, at unaligned starts, both code layouts, and a launch without the
+// second's row layout.
+TEST_F(Gpu, SecondBlock32EncodingMatchesItsOwnLaunch) {
+  constexpr int kTile = 128, kTiles = 2, H = 3, D = 64;
+  analysis::InputShape shape;
+  shape.lengths = {5, 128, 129, 300, 0, 1000, 256, 257, 33, 385};
+  shape.q_heads = H, shape.kv_heads = H, shape.head_dim = D;
+  const analysis::AttentionInputs in = analysis::random_inputs(shape, 21);
+  const Documents& docs = in.docs;
+  const int T = docs.total_tokens();
+  DeviceBuffer<__nv_bfloat16> x(contiguous(in.q));
+  DeviceBuffer<int32_t> cu(docs.cu_seqlens());
+  const size_t pitch = size_t(layout::transposed_tokens(T, docs.count()));
+  struct Outputs {
+    DeviceBuffer<uint8_t> codes, scales, transposed;
+    Outputs(size_t n_codes, size_t n_scales, size_t n_transposed)
+        : codes(n_codes), scales(n_scales), transposed(n_transposed) {
+      codes.fill_bytes(kSentinel);
+      scales.fill_bytes(kSentinel);
+      transposed.fill_bytes(kSentinel);
+    }
+  };
+  auto outputs = [&] { return Outputs(size_t(T) * H * D, size_t(T) * H, size_t(H) * D * pitch); };
+  auto launch = [&](ScaleGeometry g, Outputs& o, const cuda::BlockCodes* second) {
+    return cuda::launch_quantize_mxfp8(x.get(), int64_t(H) * D, D, T, H, D, cu.get(), docs.count(), g, ScaleRule::kCeil,
+                                       o.codes.get(), o.transposed.get(), o.scales.get(), nullptr, second);
+  };
+  Outputs token = outputs(), block = outputs(), first = outputs(), second = outputs(), second_t = outputs();
+  CUDA_CHECK(launch(ScaleGeometry::kToken, token, nullptr));
+  CUDA_CHECK(launch(ScaleGeometry::kBlock32, block, nullptr));
+  const cuda::BlockCodes both{second.codes.get(), second.transposed.get(), second.scales.get(), kTile, kTiles};
+  CUDA_CHECK(launch(ScaleGeometry::kToken, first, &both));
+  Outputs first_again = outputs();
+  const cuda::BlockCodes transposed_only{nullptr, second_t.transposed.get(), second_t.scales.get(), kTile, kTiles};
+  CUDA_CHECK(launch(ScaleGeometry::kToken, first_again, &transposed_only));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(launch(ScaleGeometry::kBlock32, first_again, &both), cudaErrorInvalidValue)
+      << "the first must be per token";
+  cuda::BlockCodes odd = both;
+  odd.skip_tile = 48;
+  EXPECT_EQ(launch(ScaleGeometry::kToken, first_again, &odd), cudaErrorInvalidValue) << "whole 32-token steps";
+
+  EXPECT_EQ(first.codes.download(), token.codes.download());
+  EXPECT_EQ(first.scales.download(), token.scales.download());
+  EXPECT_EQ(first.transposed.download(), token.transposed.download());
+  const auto ref_codes = block.codes.download(), ref_scales = block.scales.download();
+  const auto ref_transposed = block.transposed.download();
+  const auto got_codes = second.codes.download(), got_scales = second.scales.download();
+  const auto got_transposed = second.transposed.download(), got_transposed_only = second_t.transposed.download();
+  const auto got_scales_only = second_t.scales.download();
+  int64_t encoded = 0, skipped = 0;
+  for (int doc = 0; doc < docs.count(); ++doc) {
+    const int len = docs.length(doc), last_tile = std::max(0, ((len + kTile - 1) / kTile - kTiles) * kTile);
+    const int64_t first_slot = layout::transposed_document_start(docs.begin(doc), doc);
+    for (int p = 0; p < len; ++p) {
+      const bool skip = p >= last_tile;
+      (skip ? skipped : encoded) += 1;
+      for (int h = 0; h < H; ++h) {
+        const size_t si = size_t(docs.begin(doc) + p) * H + h;
+        ASSERT_EQ(got_scales[si], skip ? kSentinel : ref_scales[si]) << "doc " << doc << " position " << p;
+        ASSERT_EQ(got_scales_only[si], got_scales[si]) << "doc " << doc << " position " << p;
+        for (int f = 0; f < D; ++f) {
+          const size_t c = si * D + f, tc = (size_t(h) * D + f) * pitch + size_t(first_slot + p);
+          ASSERT_EQ(got_codes[c], skip ? kSentinel : ref_codes[c]) << "doc " << doc << " position " << p;
+          ASSERT_EQ(got_transposed[tc], skip ? kSentinel : ref_transposed[tc]) << "doc " << doc << " slot " << p;
+          ASSERT_EQ(got_transposed_only[tc], got_transposed[tc]) << "doc " << doc << " slot " << p;
+        }
+      }
+    }
+  }
+  EXPECT_GT(encoded, 0);
+  EXPECT_GT(skipped, 0);
+}
+
 // ---- the V fold reference: running max of the scale exponents ------------------------------
 
 // The CPU loop, written on exponents as the route does (NaN wins), then encoded back to UE8M0.

@@ -77,3 +77,22 @@ def test_training_pair_sizes():
     with pytest.raises(_capi.FlamiaError) as info:
         _capi.saved_codes_size(*shapes(), docs(0))
     assert "docs.num_docs" in info.value.message
+
+
+def test_prefix_isolation_sizes_hold_the_interior_codes():
+    # Prefix isolation with block32 geometry encodes K and V a second time (block32, for interior
+    # pairs): both layouts of each in the saved codes, with their scales; token geometry does not.
+    d = docs(5)
+    prefix = _capi.default_options()
+    prefix.isolation = _capi.ISOLATION["prefix"]
+    prefix_token = _capi.default_options()
+    prefix_token.isolation = _capi.ISOLATION["prefix"]
+    prefix_token.scale_geometry = _capi.SCALE_GEOMETRY["token"]
+    slots = STEP * ((T + STEP - 1) // STEP + 5)
+    interior = 2 * (T * HKV * D + HKV * D * slots + T * HKV)
+    base = _capi.saved_codes_size(*shapes(), d)
+    assert _capi.saved_codes_size(*shapes(), d, prefix_token) == base
+    assert interior <= _capi.saved_codes_size(*shapes(), d, prefix) - base <= interior + 256 * 6
+    assert _capi.forward_workspace_size(*shapes(), d, prefix) > _capi.forward_workspace_size(*shapes(), d)
+    bwd_saved = _capi.backward_saved_workspace_size
+    assert bwd_saved(*shapes(), d, prefix) == bwd_saved(*shapes(), d)  # the codes are saved, not here

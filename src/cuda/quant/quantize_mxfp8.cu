@@ -114,12 +114,16 @@ __device__ __forceinline__ uint4 load_chunk(const __nv_bfloat16* src) {
 //   2. one thread per (head, row) turns its amax into the scale;
 //   3. encode, store row-form codes, and keep the codes in shared memory when the transposed layout
 //      is wanted; 4. (transposed) each (head, feature, 16-slot half) is one 16-byte store.
-template <bool kVecLoad, int kItems>
+// kSecond: phases 2 to 4 run twice per step, the second time into `second`'s buffers with block32
+// scales taken from the per-token amax of phase 1 (the first encoding is per token), on the steps
+// before each document's last second.skip_tiles tiles; the input is read once.
+template <bool kVecLoad, int kItems, bool kSecond>
 __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
     quantize_mxfp8_kernel(const __nv_bfloat16* __restrict__ x, int64_t token_stride, int64_t head_stride,
                           int total_tokens, int heads, int dim, const int32_t* __restrict__ cu_seqlens, int num_docs,
                           ScaleGeometry geometry, ScaleRule rule, bool vec_store, uint8_t* __restrict__ codes,
-                          uint8_t* __restrict__ transposed_codes, uint8_t* __restrict__ scales) {
+                          uint8_t* __restrict__ transposed_codes, uint8_t* __restrict__ scales,
+                          BlockCodes second) {
   // Per (head of the CTA, row): sign-cleared BF16 amax patterns (block32 uses row 0) and scales.
   __shared__ uint32_t row_amax[kHeadsPerCta][kTileTokens];
   __shared__ float row_inverse_scale[kHeadsPerCta][kTileTokens];  // detail::inverse_scale of each row's scale
@@ -202,90 +206,107 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
     }
     __syncthreads();
 
-    // 2. Scales, one thread per (head, row).
-    for (int j = int(threadIdx.x); j < cta_heads * kTileTokens; j += kThreads) {
-      const int hh = j / kTileTokens, r = j % kTileTokens;
-      if (r >= rows) continue;
-      const uint8_t s = formats::scale_for_amax(detail::bf16_bits_to_double(row_amax[hh][per_token ? r : 0]), rule);
-      row_inverse_scale[hh][r] = detail::inverse_scale(s);
-      scales[int64_t(t0 + r) * heads + h_first + hh] = s;
-    }
-    __syncthreads();
+    // Phases 2 to 4 of one encoding: into codes, transposed_codes and scales, with per-token scales
+    // (token_scales) or block32 ones.
+    auto encode = [&](bool token_scales, uint8_t* __restrict__ codes, uint8_t* __restrict__ transposed_codes,
+                      uint8_t* __restrict__ scales) {
+      // 2. Scales, one thread per (head, row). A second, block32 encoding takes the group's amax as
+      // the max of its rows' (a warp per head: kTileTokens = 32 lanes).
+      for (int j = int(threadIdx.x); j < cta_heads * kTileTokens; j += kThreads) {
+        const int hh = j / kTileTokens, r = j % kTileTokens;
+        uint32_t amax = row_amax[hh][per_token ? r : 0];
+        if (kSecond && !token_scales) amax = __reduce_max_sync(0xFFFFFFFFu, amax);  // rows past the end: 0
+        if (r >= rows) continue;
+        const uint8_t s = formats::scale_for_amax(detail::bf16_bits_to_double(amax), rule);
+        row_inverse_scale[hh][r] = detail::inverse_scale(s);
+        scales[int64_t(t0 + r) * heads + h_first + hh] = s;
+      }
+      __syncthreads();
 
-    // 3. Codes. (tile_codes was last read in the previous step's phase 4, before two barriers.)
-    // Each item's place in the row layout, once per step; the heads add a constant to it.
-    int64_t item_dst[kItems];
+      // 3. Codes. (tile_codes was last read in the previous step's phase 4, before two barriers.)
+      // Each item's place in the row layout, once per step; the heads add a constant to it.
+      int64_t item_dst[kItems];
 #pragma unroll
-    for (int k = 0; k < kItems; ++k)
-      item_dst[k] = (int64_t(t0 + item_row[k]) * heads + h_first) * dim + item_chunk[k] * kChunk;
+      for (int k = 0; k < kItems; ++k)
+        item_dst[k] = (int64_t(t0 + item_row[k]) * heads + h_first) * dim + item_chunk[k] * kChunk;
 #pragma unroll
-    for (int hh = 0; hh < kHeadsPerCta; ++hh) {
-      if (hh >= cta_heads) break;
+      for (int hh = 0; hh < kHeadsPerCta; ++hh) {
+        if (hh >= cta_heads) break;
 #pragma unroll
-      for (int k = 0; k < kItems; ++k) {
-        const int r = item_row[k], c = item_chunk[k];
-        if (!has_item(k)) continue;
-        uint32_t* const staged = reinterpret_cast<uint32_t*>(tile_codes[hh] + r * kTilePitch + c * kChunk);
-        if (r >= rows) {  // past the document end: zero codes in the transposed layout's padding
-          if (transposed_codes) staged[0] = staged[1] = 0u;
-          continue;
-        }
-        const float inv = row_inverse_scale[hh][r];
-        const uint32_t lo = detail::encode_e4m3x2(v[hh][k].x, inv) | (detail::encode_e4m3x2(v[hh][k].y, inv) << 16);
-        const uint32_t hi = detail::encode_e4m3x2(v[hh][k].z, inv) | (detail::encode_e4m3x2(v[hh][k].w, inv) << 16);
-        if (transposed_codes) {  // two word stores: rows are word-aligned (kTilePitch)
-          staged[0] = lo;
-          staged[1] = hi;
-        }
-        if (!codes) continue;
-        uint8_t* dst = codes + item_dst[k] + hh * dim;
-        if (vec_store) {
-          *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
-        } else {
+        for (int k = 0; k < kItems; ++k) {
+          const int r = item_row[k], c = item_chunk[k];
+          if (!has_item(k)) continue;
+          uint32_t* const staged = reinterpret_cast<uint32_t*>(tile_codes[hh] + r * kTilePitch + c * kChunk);
+          if (r >= rows) {  // past the document end: zero codes in the transposed layout's padding
+            if (transposed_codes) staged[0] = staged[1] = 0u;
+            continue;
+          }
+          const float inv = row_inverse_scale[hh][r];
+          const uint32_t lo = detail::encode_e4m3x2(v[hh][k].x, inv) | (detail::encode_e4m3x2(v[hh][k].y, inv) << 16);
+          const uint32_t hi = detail::encode_e4m3x2(v[hh][k].z, inv) | (detail::encode_e4m3x2(v[hh][k].w, inv) << 16);
+          if (transposed_codes) {  // two word stores: rows are word-aligned (kTilePitch)
+            staged[0] = lo;
+            staged[1] = hi;
+          }
+          if (!codes) continue;
+          uint8_t* dst = codes + item_dst[k] + hh * dim;
+          if (vec_store) {
+            *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+          } else {
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            dst[j] = uint8_t(lo >> (8 * j));
-            dst[4 + j] = uint8_t(hi >> (8 * j));
+            for (int j = 0; j < 4; ++j) {
+              dst[j] = uint8_t(lo >> (8 * j));
+              dst[4 + j] = uint8_t(hi >> (8 * j));
+            }
           }
         }
       }
-    }
 
-    // 4. The transposed layout: slot p0 + permuted_position(j) of the document holds position
-    // p0 + j, so the 16 slots of half `half` of the step hold rows permuted_key(16 half + 0..15)
-    // = 16 half + permuted_key(0..15). A unit reads those 16 rows' bytes of its 4 features as words,
-    // transposes them in 4x4 blocks with byte permutes, and writes each feature's 16 slots with one
-    // 16-byte store; the lane pair's two halves make one whole 32-byte sector per feature row.
-    // (Byte loads took 16 loads and 16 merges per 16 bytes: the pass was issue-bound on them.)
-    if (transposed_codes) {
-      __syncthreads();
-      const int64_t first_slot = layout::transposed_document_start(d.begin, work.doc) + p0;
-      // The thread's units: (head, features 4 quad + 0..3, half) of the step. The head and half come
-      // from the lane (lanes 2m and 2m + 1 write the two halves of the same feature rows), so a unit
-      // costs no division. (Read here, not before the loop: hoisted, the units' addresses took
-      // registers that phase 1 needs and spilled.)
-      constexpr int kUnits = units_per_thread(kItems);
-      const int tid = thread_index_here();
-      const int unit_half = tid % 2, unit_head = tid / 2 % kHeadsPerCta, unit_quad = tid / (2 * kHeadsPerCta);
+      // 4. The transposed layout: slot p0 + permuted_position(j) of the document holds position
+      // p0 + j, so the 16 slots of half `half` of the step hold rows permuted_key(16 half + 0..15)
+      // = 16 half + permuted_key(0..15). A unit reads those 16 rows' bytes of its 4 features as words,
+      // transposes them in 4x4 blocks with byte permutes, and writes each feature's 16 slots with one
+      // 16-byte store; the lane pair's two halves make one whole 32-byte sector per feature row.
+      // (Byte loads took 16 loads and 16 merges per 16 bytes: the pass was issue-bound on them.)
+      if (transposed_codes) {
+        __syncthreads();
+        const int64_t first_slot = layout::transposed_document_start(d.begin, work.doc) + p0;
+        // The thread's units: (head, features 4 quad + 0..3, half) of the step. The head and half come
+        // from the lane (lanes 2m and 2m + 1 write the two halves of the same feature rows), so a unit
+        // costs no division. (Read here, not before the loop: hoisted, the units' addresses took
+        // registers that phase 1 needs and spilled.)
+        constexpr int kUnits = units_per_thread(kItems);
+        const int tid = thread_index_here();
+        const int unit_half = tid % 2, unit_head = tid / 2 % kHeadsPerCta, unit_quad = tid / (2 * kHeadsPerCta);
 #pragma unroll
-      for (int k = 0; k < kUnits; ++k) {
-        const int feature = 4 * (unit_quad + k * kThreads / (2 * kHeadsPerCta));
-        if (unit_head >= cta_heads || feature >= dim) continue;
-        const uint8_t* const half_rows = tile_codes[unit_head] + 16 * unit_half * kTilePitch + feature;
-        uint32_t w[4][4];  // w[q][e]: features of row permuted_key(4q + e), then (transposed) rows of feature e
+        for (int k = 0; k < kUnits; ++k) {
+          const int feature = 4 * (unit_quad + k * kThreads / (2 * kHeadsPerCta));
+          if (unit_head >= cta_heads || feature >= dim) continue;
+          const uint8_t* const half_rows = tile_codes[unit_head] + 16 * unit_half * kTilePitch + feature;
+          uint32_t w[4][4];  // w[q][e]: features of row permuted_key(4q + e), then (transposed) rows of feature e
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
+          for (int q = 0; q < 4; ++q) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              w[q][e] = *reinterpret_cast<const uint32_t*>(half_rows + layout::permuted_key(4 * q + e) * kTilePitch);
+            transpose_bytes_4x4(w[q]);
+          }
+          uint8_t* const dst = transposed_codes + (int64_t(h_first + unit_head) * dim + feature) * transposed_pitch +
+                               first_slot + 16 * unit_half;
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            w[q][e] = *reinterpret_cast<const uint32_t*>(half_rows + layout::permuted_key(4 * q + e) * kTilePitch);
-          transpose_bytes_4x4(w[q]);
+            *reinterpret_cast<uint4*>(dst + e * transposed_pitch) = make_uint4(w[0][e], w[1][e], w[2][e], w[3][e]);
         }
-        uint8_t* const dst = transposed_codes + (int64_t(h_first + unit_head) * dim + feature) * transposed_pitch +
-                             first_slot + 16 * unit_half;
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          *reinterpret_cast<uint4*>(dst + e * transposed_pitch) = make_uint4(w[0][e], w[1][e], w[2][e], w[3][e]);
       }
+    };
+    encode(per_token, codes, transposed_codes, scales);
+    if constexpr (kSecond) {
+      // uniform over the CTA, as the barriers need
+      if (second.skip_tile > 0 &&
+          p0 >= ((d.len + second.skip_tile - 1) / second.skip_tile - second.skip_tiles) * second.skip_tile)
+        continue;
+      __syncthreads();  // every thread is done with the first encoding's inverse scales and staged codes
+      encode(false, second.codes, second.transposed_codes, second.scales);
     }
   }
 }
@@ -342,9 +363,16 @@ __global__ void __launch_bounds__(kThreads)
 cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, int64_t head_stride, int total_tokens,
                                   int heads, int dim, const int32_t* cu_seqlens, int num_docs, ScaleGeometry geometry,
                                   ScaleRule rule, uint8_t* codes, uint8_t* transposed_codes, uint8_t* scales,
-                                  cudaStream_t stream) {
+                                  cudaStream_t stream, const BlockCodes* second) {
   if (dim < kChunk || dim > kMaxDim || dim % kChunk != 0 || heads < 1 || heads > kMaxGridY || total_tokens < 0 ||
       num_docs < 0)
+    return cudaErrorInvalidValue;
+  if (second != nullptr &&
+      (geometry != ScaleGeometry::kToken || second->scales == nullptr ||
+       (second->codes == nullptr && second->transposed_codes == nullptr) ||
+       reinterpret_cast<uintptr_t>(second->transposed_codes) % 16 != 0 ||
+       reinterpret_cast<uintptr_t>(second->codes) % 8 != 0 || second->skip_tile < 0 ||
+       second->skip_tile % kTileTokens != 0 || second->skip_tiles < 0))
     return cudaErrorInvalidValue;
   if (total_tokens == 0 || num_docs == 0) return cudaSuccess;
   if (x == nullptr || cu_seqlens == nullptr || scales == nullptr || (codes == nullptr && transposed_codes == nullptr) ||
@@ -359,9 +387,16 @@ cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, 
                   unsigned((heads + kHeadsPerCta - 1) / kHeadsPerCta));
   // Registers hold every chunk of the CTA's heads: size the array for the dim (D <= 128 or <= 256).
   auto launch = [&](auto vec_load_c, auto items_c) {
-    quantize_mxfp8_kernel<decltype(vec_load_c)::value, decltype(items_c)::value><<<grid, kThreads, 0, stream>>>(
-        x, token_stride, head_stride, total_tokens, heads, dim, cu_seqlens, num_docs, geometry, rule, vec_store, codes,
-        transposed_codes, scales);
+    constexpr bool kVec = decltype(vec_load_c)::value;
+    constexpr int kItemsC = decltype(items_c)::value;
+    if (second != nullptr)
+      quantize_mxfp8_kernel<kVec, kItemsC, true><<<grid, kThreads, 0, stream>>>(
+          x, token_stride, head_stride, total_tokens, heads, dim, cu_seqlens, num_docs, geometry, rule, vec_store,
+          codes, transposed_codes, scales, *second);
+    else
+      quantize_mxfp8_kernel<kVec, kItemsC, false><<<grid, kThreads, 0, stream>>>(
+          x, token_stride, head_stride, total_tokens, heads, dim, cu_seqlens, num_docs, geometry, rule, vec_store,
+          codes, transposed_codes, scales, BlockCodes{});
   };
   using Small = std::integral_constant<int, kItemsUpTo128>;
   using Large = std::integral_constant<int, kMaxItemsPerThread>;

@@ -97,10 +97,27 @@ __device__ __forceinline__ uint32_t encode_scaled_e4m3x2(uint32_t w, uint8_t sca
 // 16-byte aligned and both strides are multiples of 8 elements, scalar loads otherwise; codes
 // are written 8 bytes at a time when the codes pointer is 8-byte aligned. Asynchronous on
 // `stream`; returns the launch status.
+//
+// second (not null; geometry must be kToken): the same input also encoded with block32 groups in
+// the same pass (read once), into second's buffers as above (either codes pointer may be null;
+// the same alignment rules), bitwise what a block32 launch of its own writes, except that with
+// skip_tile > 0 (a multiple of 32) the positions of each document's last skip_tiles tiles of
+// skip_tile tokens (counted from the document start) get no second codes, scales or transposed
+// slots, and idle slots are not zeroed in the second's transposed layout. Prefix isolation's
+// interior codes of K and V next to their per-token codes: no pair reads a document's last
+// tiling::kFrontierTiles frontier tiles with them, and every tile read with them lies inside its
+// document.
+struct BlockCodes {
+  uint8_t* codes = nullptr;
+  uint8_t* transposed_codes = nullptr;
+  uint8_t* scales = nullptr;
+  int skip_tile = 0, skip_tiles = 0;
+};
 cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, int64_t head_stride, int total_tokens,
                                   int heads, int dim, const int32_t* cu_seqlens, int num_docs,
                                   flamia::ScaleGeometry geometry, flamia::ScaleRule rule, uint8_t* codes,
-                                  uint8_t* transposed_codes, uint8_t* scales, cudaStream_t stream);
+                                  uint8_t* transposed_codes, uint8_t* scales, cudaStream_t stream,
+                                  const BlockCodes* second = nullptr);
 
 // The mask-aware V fold reference: prefix_max[t, h] = the largest V scale exponent of head h over
 // positions [document start, t] of t's document, as a UE8M0 byte [total_tokens, heads]. NaN

@@ -16,6 +16,14 @@ struct AttentionShape {
   // Every 32-token group of a document shares one scale per operand (block32 geometry): interior
   // tiles take one factor per group instead of per token.
   bool group_scales;
+  // Prefix isolation with block32 geometry: K and V have a second, block32 encoding (the kernels'
+  // k_interior_* and v_interior_* fields), which interior tiles read (core/tiling.h's
+  // interior_pair); the other tiles read their per-token codes. Without it the interior fields
+  // point at the same codes as the others.
+  bool interior_codes;
+  // group_scales || interior_codes: an interior tile's keys share one K and V scale per 32-key
+  // group, so the forward's and dQ's interior tiles take one factor per key group.
+  bool interior_key_groups;
 };
 
 // Whether the attention kernels' two consumer warpgroups take turns at issuing their products
@@ -26,11 +34,10 @@ struct AttentionShape {
 // whose arithmetic per step is longer, they made the forward 3-5% slower, and on short documents
 // (each item a few steps) ~1.5%.
 inline constexpr int kTurnsFromMeanDocument = 512;
-inline bool consumers_take_turns(bool group_scales, int64_t total_tokens, int64_t num_docs) {
-  return group_scales && total_tokens >= int64_t(kTurnsFromMeanDocument) * num_docs;
-}
-inline bool consumers_take_turns(const AttentionShape& s) {
-  return consumers_take_turns(s.group_scales, s.total_tokens, s.num_docs);
+// grouped: whether the kernel's interior tiles take the grouped arithmetic (the forward and dQ:
+// interior_key_groups, dK dV: group_scales).
+inline bool consumers_take_turns(bool grouped, int64_t total_tokens, int64_t num_docs) {
+  return grouped && total_tokens >= int64_t(kTurnsFromMeanDocument) * num_docs;
 }
 
 }  // namespace flamia::cuda::sm90

@@ -27,6 +27,11 @@ struct BackwardParams : AttentionShape {
   // The same codes of Q, K and dO in the transposed layout [H, D, t_pitch] (core/operand_layout.h).
   const uint8_t *q_codes_t, *k_codes_t, *g_codes_t;
   int64_t t_pitch;  // layout::transposed_tokens(T, num_docs)
+  // Interior tiles' K and V codes (AttentionShape::interior_codes; else the same as the fields
+  // above) and scales, at k_scales + interior_scales_shift and v_scales + interior_scales_shift (0
+  // without interior codes; the C API's layouts place both at one shift).
+  const uint8_t *k_interior_codes, *v_interior_codes, *k_interior_codes_t;
+  int64_t interior_scales_shift;
   const uint8_t* g_scale_prefix_max;  // [T, Hq]: running max of dO's scales within the document
   const void* o;                      // BF16 [T, Hq, D], the saved forward output
   int64_t o_stride_token, o_stride_head;

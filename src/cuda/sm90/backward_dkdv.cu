@@ -17,7 +17,9 @@
 // item's K and V rows (persistent: two key buffers, the next item's land while this one runs) with
 // their scale bytes, and each step's Q and dO rows and Q^T, dO^T (the quantizer's transposed
 // layouts) by TMA into a ring of stages that runs on across items, with the step's per-query
-// constants; warpgroups 1 and 2 (64 keys each) compute, each at its own pace.
+// constants; warpgroups 1 and 2 (64 keys each) compute, each at its own pace. With prefix
+// isolation's interior codes (the kInteriorCodes instances) warp 1 loads the item's interior K and V
+// rows as well, which the steps two frontier tiles or more from the keys read.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -110,9 +112,42 @@ struct DkdvWork {
   QuerySteps steps;
   int tiles;  // the item's steps (query tiles over the group's heads); 0: no more items
 };
+// Interior codes (prefix isolation, block32; kInteriorCodes: the kernel instance for them,
+// attention_shape.h, so that the default's kernels keep their code): the steps whose queries lie
+// kFrontierTiles frontier tiles or more after the item's keys (core/tiling.h; the item's keys are
+// one) read the K and V rows of the interior codes, which an item with such steps loads into the
+// interior key buffer. Causal (prefix isolation always is), each head's steps start at the item's
+// first key, so step kFirstInteriorStep is the first of them.
+static_assert(kKeyRows == tiling::kFrontierTile, "an item's keys are one frontier tile");
+constexpr int kInteriorFrom = tiling::kFrontierTiles * kKeyRows;  // queries from k0 + kInteriorFrom on
+constexpr int kFirstInteriorStep = kInteriorFrom / kQueryTile;
+template <bool kInteriorCodes>
+__device__ __forceinline__ bool has_interior_steps(const DkdvWork& w) {
+  return kInteriorCodes && w.d.len > w.k0 + kInteriorFrom;
+}
+template <bool kInteriorCodes>
+__device__ __forceinline__ bool reads_interior_codes(const DkdvWork& w, int q0) {
+  return kInteriorCodes && q0 >= w.k0 + kInteriorFrom;
+}
+// Bytes from one array of the kernel's shared storage to another (members of one struct, so the
+// compiler folds the difference).
+__device__ __forceinline__ int smem_distance(const uint8_t* from, const uint8_t* to) {
+  return int(reinterpret_cast<uintptr_t>(to) - reinterpret_cast<uintptr_t>(from));
+}
+// Releases of a key buffer: the consumer warps, and in the persistent schedule with interior codes
+// the interior loader warp (produce_items).
+template <bool kPersistent, bool kInteriorCodes>
+constexpr int kKeyRingReleases = kConsumerWarps + (kPersistent && kInteriorCodes ? 1 : 0);
 // An item with its keys' scale bytes (keys past the document end: its last key's).
 struct DkdvKeyInfo {
   DkdvWork work;
+  uint8_t k_scale[kKeyRows], v_scale[kKeyRows];
+};
+// The K and V rows of an item's interior codes with their scale bytes (keys past the document end:
+// its last key's). One buffer: the next item's land once this item's consumers are done.
+template <int D>
+struct alignas(1024) DkdvInteriorKeys {
+  uint8_t k[kKeyRows * D], v[kKeyRows * D];  // rows form
   uint8_t k_scale[kKeyRows], v_scale[kKeyRows];
 };
 template <int D, int kKeyBuffers>
@@ -123,11 +158,16 @@ struct DkdvShared {
   DkdvKeyInfo info[kKeyBuffers];
   StageRing<kStages> ring;            // query steps, use i = the CTA's i-th over all its items
   StageRing<kKeyBuffers> keys_ring;   // K and V rows, use n = the CTA's n-th item
+  StageRing<1> interior_ring;         // interior keys, use m = the CTA's m-th item with interior steps
+  DkdvInteriorKeys<D> interior;       // last: a launch without interior codes leaves it out
 };
 template <int D, bool kPersistent>
 using DkdvSharedFor = DkdvShared<D, DkdvSchedule<kPersistent>::kKeyBuffers>;
 template <int D, bool kPersistent>  // + the alignment of the dynamic base
 constexpr size_t kDkdvSharedBytes = sizeof(DkdvSharedFor<D, kPersistent>) + 1024;
+template <int D, bool kPersistent>  // the same without the interior keys (the last member)
+constexpr size_t kDkdvSharedBytesWithoutInterior =
+    kDkdvSharedBytes<D, kPersistent> - sizeof(DkdvInteriorKeys<D>);
 static_assert(kDkdvSharedBytes<128, true> <= 227 * 1024, "a CTA must fit in shared memory");
 
 struct DkdvArgs {
@@ -135,6 +175,7 @@ struct DkdvArgs {
   CUtensorMap k_map, v_map;    // rows form, box kKeyRows
   CUtensorMap q_map, g_map;    // rows form, box kQueryTile
   CUtensorMap qt_map, gt_map;  // transposed form, box kQueryTile
+  CUtensorMap k_interior_map, v_interior_map;  // the interior codes' rows, box kKeyRows
 };
 
 // A producer lane's queries' inputs to the constants (queries lane + 32 j of the tile, j in the
@@ -282,6 +323,33 @@ __device__ __forceinline__ void interior_pu_grouped(const float (&s)[kQueryTile 
 }
 
 // --- producer ----------------------------------------------------------------------------------
+// The item's interior K and V rows into the interior buffer (use m of its ring), once the previous
+// item's consumers are done with it, by the interior loader warp (warp 1 of warpgroup 0; lane 0:
+// the TMA loads, every lane: the scale bytes). A warp of its own: in a tile streamer's step loop
+// its registers made the 24-register producer spill, and at the item's start its wait would hold
+// up the item's first steps.
+template <int D, int kKeyBuffers>
+__device__ __forceinline__ void load_interior_keys(const DkdvArgs& args, const DkdvWork& w, int m,
+                                                   DkdvShared<D, kKeyBuffers>& sm) {
+  const BackwardParams& p = args.p;
+  const int lane = int(threadIdx.x) % 32;
+  sm.interior_ring.wait_empty(m);
+  if (lane == 0) {
+    uint64_t& full = sm.interior_ring.full_barrier(m);
+    barrier_expect_bytes(full, 2 * kKeyRows * D);
+    tma_load_rows(args.k_interior_map, sm.interior.k, full, w.kvh, w.d.begin + w.k0);
+    tma_load_rows(args.v_interior_map, sm.interior.v, full, w.kvh, w.d.begin + w.k0);
+  }
+#pragma unroll
+  for (int j = 0; j < kKeyRows / 32; ++j) {
+    const int key = j * 32 + lane;
+    const int64_t s = int64_t(w.d.begin + min(w.k0 + key, w.d.len - 1)) * p.kv_heads + w.kvh;
+    sm.interior.k_scale[key] = __ldg(p.k_scales + p.interior_scales_shift + s);
+    sm.interior.v_scale[key] = __ldg(p.v_scales + p.interior_scales_shift + s);
+  }
+  sm.interior_ring.arrive_full(m);
+}
+
 // An item's steps, the ring's uses step_uses.. on, by tile streamer kStreamer (work_items.cuh):
 // wait for an empty stage, TMA its Q, dO, Q^T and dO^T codes (streamer 0's lane 0), store the
 // streamer's share of the step's per-query constants (the next step's inputs are loaded meanwhile)
@@ -374,11 +442,11 @@ __device__ __forceinline__ void publish_item(const DkdvArgs& args, const DkdvWor
 // Persistent: tile streamer 0 (warp 0) runs the CTA's items (work_items.cuh's
 // produce_work_items), per item its key buffer, then its share of the steps; streamer 1 (warp 2)
 // streams its share of each published item's steps.
-template <int D, int kKeyBuffers>
+template <int D, int kKeyBuffers, bool kInteriorCodes>
 __device__ __forceinline__ void produce_items(const DkdvArgs& args, DkdvShared<D, kKeyBuffers>& sm) {
   const BackwardParams& p = args.p;
   const int tile_slots = int(slots::slot_count(p.total_tokens, p.num_docs, kKeyRows));
-  run_as_tile_streamer([&](auto streamer) {
+  const bool streamed = run_as_tile_streamer([&](auto streamer) {
     if constexpr (decltype(streamer)::value == 0) {
       produce_work_items<DkdvWork>(
           p.work_counter, tile_slots * p.kv_heads, sm.keys_ring, sm.info,
@@ -399,15 +467,26 @@ __device__ __forceinline__ void produce_items(const DkdvArgs& args, DkdvShared<D
       });
     }
   });
+  if (streamed || !kInteriorCodes) return;
+  // Warp 1, the interior loader: each published item in turn, its interior keys when it has
+  // interior steps; it releases each key buffer too (kKeyRingReleases), so that streamer 0 cannot
+  // publish over an item it has not read yet.
+  int interior_uses = 0;  // the CTA's items with interior steps so far
+  for_each_published_item<DkdvWork, true>(sm.keys_ring, sm.info, [&](const DkdvWork& w, int, int) {
+    if (has_interior_steps<kInteriorCodes>(w)) load_interior_keys(args, w, interior_uses++, sm);
+  });
 }
 
 // --- consumers ---------------------------------------------------------------------------------
 // A warpgroup of 64 keys of one item (key buffer b, steps at the ring's uses step_uses..); per step:
 // S^T and E^T, P~ and U (into pa and e), tau, dV += P~^T.dO and dK += 2^tau U~^T.Q, then the stage
 // is released.
-template <int D, int kKeyBuffers, bool kTurns>
+// interior_use: the item's use of the interior ring (with interior steps), released after its last
+// step.
+template <int D, int kKeyBuffers, bool kTurns, bool kInteriorCodes>
 __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w, int b, int step_uses,
-                                        DkdvShared<D, kKeyBuffers>& sm, const ConsumerTurns<kTurns>& turns) {
+                                        int interior_use, DkdvShared<D, kKeyBuffers>& sm,
+                                        const ConsumerTurns<kTurns>& turns) {
   const BackwardParams& p = args.p;
   const DocumentSpan& d = w.d;
   const auto [consumer, warp, lane, g, t] = consumer_thread();
@@ -416,10 +495,14 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
   const int keys[2] = {w.k0 + block_keys[0], w.k0 + block_keys[1]};
   const float scale_log2e = p.softmax_scale * kLog2e;
   float k_factor[2], v_pow[2];  // 2^ek_j scale log2(e), 2^ev_j
-  for (int r = 0; r < 2; ++r) {
-    k_factor[r] = pow2_of_scale(sm.info[b].k_scale[block_keys[r]]) * scale_log2e;
-    v_pow[r] = pow2_of_scale(sm.info[b].v_scale[block_keys[r]]);
-  }
+  auto key_factors = [&](const uint8_t* k_scale, const uint8_t* v_scale) {
+    for (int r = 0; r < 2; ++r) {
+      k_factor[r] = pow2_of_scale(k_scale[block_keys[r]]) * scale_log2e;
+      v_pow[r] = pow2_of_scale(v_scale[block_keys[r]]);
+    }
+  };
+  key_factors(sm.info[b].k_scale, sm.info[b].v_scale);
+  bool factors_interior = false;  // whose factors k_factor and v_pow hold
   constexpr SmemLayout kRowsLayout = kSwizzleFor<D>, kTransposedLayout = kSwizzleFor<kQueryTile>;
   const uint8_t* k_rows = sm.k[b] + wg_key * D;
   const uint8_t* v_rows = sm.v[b] + wg_key * D;
@@ -440,14 +523,25 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
   for (int step = 0; step < w.tiles; ++step, at = w.steps.next(at)) {
     const int q0 = kPersistent ? w.steps.at(step).q0 : at.q0, use = step_uses + step;
     const DkdvQueryStage<D>& st = sm.stage[sm.ring.stage(use)];
+    // The step's K and V rows and factors: the interior codes' on interior steps.
+    const bool interior_codes = reads_interior_codes<kInteriorCodes>(w, q0);
+    if (interior_codes != factors_interior) {  // twice per head at most; never without interior codes
+      if (step == kFirstInteriorStep) sm.interior_ring.wait_full(interior_use);
+      factors_interior = interior_codes;
+      if (interior_codes) key_factors(sm.interior.k_scale, sm.interior.v_scale);
+      else key_factors(sm.info[b].k_scale, sm.info[b].v_scale);
+    }
+    // As shifts from key buffer b's rows: selecting whole pointers per step made the consumers spill.
+    const uint8_t* k_step = k_rows + (interior_codes ? smem_distance(sm.k[b], sm.interior.k) : 0);
+    const uint8_t* v_step = v_rows + (interior_codes ? smem_distance(sm.v[b], sm.interior.v) : 0);
     sm.ring.wait_full(use);
 
     // S^T = K . Q^T and E^T = V . dO^T: 64 keys x 64 queries each, D/32 k-steps.
     float s[kQueryTile / 2], e[kQueryTile / 2];
     turns.begin();
     wgmma_fence();
-    rows_product<D, kQueryTile, kRowsLayout>(s, k_rows, st.q);
-    rows_product<D, kQueryTile, kRowsLayout>(e, v_rows, st.g);
+    rows_product<D, kQueryTile, kRowsLayout>(s, k_step, st.q);
+    rows_product<D, kQueryTile, kRowsLayout>(e, v_step, st.g);
     wgmma_commit();
     turns.end();
     wgmma_wait<0>();
@@ -485,6 +579,8 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
     fence_accumulators(dv_acc);
     if (lane == 0) sm.ring.arrive_empty(use);  // this warp is done with the step's tiles
   }
+  // and with the interior keys
+  if (has_interior_steps<kInteriorCodes>(w) && lane == 0) sm.interior_ring.arrive_empty(interior_use);
 
   const float dv_factor = w.gamma == kNaNExponent ? pow2i(kNaNExponent) : pow2i(w.gamma - p.p_boost_log2);
   auto* dk = static_cast<__nv_bfloat16*>(p.dk);
@@ -499,21 +595,27 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
 
 // kTurns: the grid schedule's consumers take turns (attention_shape.h's consumers_take_turns); the
 // persistent schedule, for short documents, never does (the launcher), as turns cost short items.
-template <int D, bool kPersistent, bool kTurns>
+template <int D, bool kPersistent, bool kTurns, bool kInteriorCodes>
 __global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid_constant__ DkdvArgs args) {
   static_assert(!(kPersistent && kTurns), "the persistent schedule (short documents) takes no turns");
+  static_assert(!(kTurns && kInteriorCodes), "interior codes are prefix isolation's: its dK dV takes no turns");
   using Schedule = DkdvSchedule<kPersistent>;
   auto& sm = aligned_shared_storage<DkdvSharedFor<D, kPersistent>>();
   auto init = [&] {
     sm.ring.init(kStreamerLanes, kConsumerWarps);
-    sm.keys_ring.init(kProducerLanes, kConsumerWarps);
+    sm.keys_ring.init(kProducerLanes, kKeyRingReleases<kPersistent, kInteriorCodes>);
+    // The interior loader's lanes fill the interior keys.
+    if (kInteriorCodes) sm.interior_ring.init(kProducerLanes, kConsumerWarps);
   };
   if constexpr (kPersistent) {
     run_roles<Schedule::kProducerRegisters, Schedule::kConsumerRegisters, kStreamerRoleWarps>(
-        init, [&] { produce_items(args, sm); },
+        init, [&] { produce_items<D, Schedule::kKeyBuffers, kInteriorCodes>(args, sm); },
         [&] {
+          int interior_uses = 0;  // the CTA's items with interior steps so far
           consume_work_items<DkdvWork>(sm.keys_ring, sm.info, [&](const DkdvWork& w, int n, int step_uses) {
-            consume(args, w, sm.keys_ring.stage(n), step_uses, sm, ConsumerTurns<false>{});
+            consume<D, Schedule::kKeyBuffers, false, kInteriorCodes>(args, w, sm.keys_ring.stage(n), step_uses,
+                                                                     interior_uses, sm, ConsumerTurns<false>{});
+            interior_uses += has_interior_steps<kInteriorCodes>(w);
           });
         });
   } else {
@@ -531,12 +633,15 @@ __global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid
             }
             produce_steps<D, decltype(streamer)::value>(args, w, 0, sm);
           });
+          // Warp 1, the interior loader (see produce_items).
+          if (threadIdx.x / 32 == 1 && has_interior_steps<kInteriorCodes>(w))
+            load_interior_keys(args, w, 0, sm);
         },
         [&] {
           const ConsumerTurns<kTurns> turns{consumer_thread().consumer};
           turns.open();
           sm.keys_ring.wait_full(0);
-          consume(args, w, 0, 0, sm, turns);
+          consume<D, Schedule::kKeyBuffers, kTurns, kInteriorCodes>(args, w, 0, 0, 0, sm, turns);
           turns.close();
         });
   }
@@ -555,17 +660,28 @@ int launch_backward_dkdv(const BackwardParams& p, void* stream) {
     if (e == cudaSuccess) e = rows_form_map(args.g_map, p.g_codes, p.total_tokens, p.q_heads, D, kQueryTile);
     if (e == cudaSuccess) e = transposed_form_map(args.qt_map, p.q_codes_t, p.t_pitch, p.q_heads, D, kQueryTile);
     if (e == cudaSuccess) e = transposed_form_map(args.gt_map, p.g_codes_t, p.t_pitch, p.q_heads, D, kQueryTile);
+    if (e == cudaSuccess)
+      e = rows_form_map(args.k_interior_map, p.k_interior_codes, p.total_tokens, p.kv_heads, D, kKeyRows);
+    if (e == cudaSuccess)
+      e = rows_form_map(args.v_interior_map, p.v_interior_codes, p.total_tokens, p.kv_heads, D, kKeyRows);
     if (e != cudaSuccess) return e;
     const auto cuda_stream = static_cast<cudaStream_t>(stream);
     if (dkdv_runs_persistent(p.total_tokens, p.num_docs)) {
       const int64_t items = slots::slot_count(p.total_tokens, p.num_docs, kKeyRows) * p.kv_heads;
-      return launch_persistent(backward_dkdv_kernel<D, true, false>, args, kDkdvSharedBytes<D, true>, kThreads, items,
-                               p.work_counter, cuda_stream);
+      if (p.interior_codes)
+        return launch_persistent(backward_dkdv_kernel<D, true, false, true>, args, kDkdvSharedBytes<D, true>, kThreads,
+                                 items, p.work_counter, cuda_stream);
+      return launch_persistent(backward_dkdv_kernel<D, true, false, false>, args,
+                               kDkdvSharedBytesWithoutInterior<D, true>, kThreads, items, p.work_counter, cuda_stream);
     }
-    const auto grid_kernel =
-        consumers_take_turns(p) ? backward_dkdv_kernel<D, false, true> : backward_dkdv_kernel<D, false, false>;
-    return launch_over_tile_slots(grid_kernel, args, kDkdvSharedBytes<D, false>, kThreads, p.total_tokens,
-                                  p.num_docs, kKeyRows, p.kv_heads, cuda_stream);
+    if (p.interior_codes)  // prefix isolation: per-query Q and dO scales, no turns
+      return launch_over_tile_slots(backward_dkdv_kernel<D, false, false, true>, args, kDkdvSharedBytes<D, false>,
+                                    kThreads, p.total_tokens, p.num_docs, kKeyRows, p.kv_heads, cuda_stream);
+    const auto grid_kernel = consumers_take_turns(p.group_scales, p.total_tokens, p.num_docs)
+                                 ? backward_dkdv_kernel<D, false, true, false>
+                                 : backward_dkdv_kernel<D, false, false, false>;
+    return launch_over_tile_slots(grid_kernel, args, kDkdvSharedBytesWithoutInterior<D, false>, kThreads,
+                                  p.total_tokens, p.num_docs, kKeyRows, p.kv_heads, cuda_stream);
   });
 }
 

@@ -115,10 +115,22 @@ static_assert(kDqSharedBytes<128> <= 227 * 1024, "a CTA must fit in shared memor
 
 struct DqArgs {
   BackwardParams p;
-  CUtensorMap q_map, g_map;  // rows form, box kQueryRows
-  CUtensorMap k_map, v_map;  // rows form, box kKeyTile
-  CUtensorMap kt_map;        // transposed form, box kKeyTile
+  CUtensorMap q_map, g_map;        // rows form, box kQueryRows
+  CUtensorMap k_map[2], v_map[2];  // rows form, box kKeyTile; [1]: the interior codes
+  CUtensorMap kt_map[2];           // transposed form, box kKeyTile; [1]: the interior codes
 };
+
+// The codes key tile i reads: 1, the interior codes, or 0. kInteriorCodes: the kernel instance for
+// prefix isolation's interior codes (attention_shape.h), which exist only where causal; then the
+// item's last tile is its diagonal one, tile i lies tiles - 1 - i frontier tiles before its rows
+// (core/tiling.h), and its pairs are interior from kFrontierTiles back. (An instance, as in the
+// forward; and the interior test itself, per tile, made the 24-register producer spill.)
+static_assert(kKeyTile == tiling::kFrontierTile && kQueryRows == tiling::kFrontierTile,
+              "an item's rows and each key tile are one frontier tile");
+template <bool kInteriorCodes>
+__device__ __forceinline__ int tile_codes(const DqWork& w, int i) {
+  return kInteriorCodes && i + tiling::kFrontierTiles < w.tiles;
+}
 
 // Per-row constants of the U computation.
 struct DqRows {
@@ -223,15 +235,18 @@ __device__ __forceinline__ void interior_u_grouped(float (&s)[kKeyTile / 2], con
 // "full". Keys past the document end load the next document's codes, transposed slots the quantizer
 // zeroed, or TMA's zeros past the tensor: finite E4M3 codes (docs/KERNELS.md, "Loads") that meet an
 // exact-zero U in dQ = U.K, and columns of S and E that the masked path drops.
-template <int D, int kStreamer>
+template <int D, int kStreamer, bool kInteriorCodes>
 __device__ __forceinline__ void produce_key_tiles(const DqArgs& args, const DqWork& w, int key_uses, DqShared<D>& sm) {
   using Share = StreamerShare<kStreamer, LaneScaleBytes<kKeyTile>::kKeysPerLane>;
   const BackwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
   const int kt_doc_start = int(layout::transposed_document_start(w.d.begin, w.doc));
   auto load_scales = [&](int i) {
-    return load_lane_scale_bytes<kKeyTile, Share::kFirst, Share::kCount>(p.k_scales, p.v_scales, p.kv_heads, w.kvh,
-                                                                         w.d.begin, w.d.len, i * kKeyTile, lane);
+    // One shift for both (a pointer each per tile made the 24-register producer spill).
+    const int64_t shift = tile_codes<kInteriorCodes>(w, i) * p.interior_scales_shift;
+    return load_lane_scale_bytes<kKeyTile, Share::kFirst, Share::kCount>(p.k_scales + shift, p.v_scales + shift,
+                                                                         p.kv_heads, w.kvh, w.d.begin, w.d.len,
+                                                                         i * kKeyTile, lane);
   };
   LaneScaleBytes<kKeyTile> next = load_scales(0);
   // The lane's keys j * 32 + lane go to slots j * 32 + lane_slot (the permutation has a period of 32
@@ -244,10 +259,11 @@ __device__ __forceinline__ void produce_key_tiles(const DqArgs& args, const DqWo
     sm.ring.wait_empty(use);
     if (kStreamer == 0 && lane == 0) {
       uint64_t& full = sm.ring.full_barrier(use);
+      const int codes = tile_codes<kInteriorCodes>(w, i);
       barrier_expect_bytes(full, 3 * kKeyTile * D);
-      tma_load_rows(args.k_map, st.k, full, w.kvh, w.d.begin + k0);
-      tma_load_rows(args.v_map, st.v, full, w.kvh, w.d.begin + k0);
-      tma_load_transposed(args.kt_map, st.kt, full, w.kvh, D, kt_doc_start + k0);
+      tma_load_rows(args.k_map[codes], st.k, full, w.kvh, w.d.begin + k0);
+      tma_load_rows(args.v_map[codes], st.v, full, w.kvh, w.d.begin + k0);
+      tma_load_transposed(args.kt_map[codes], st.kt, full, w.kvh, D, kt_doc_start + k0);
     }
     if (i + 1 < w.tiles) next = load_scales(i + 1);
 #pragma unroll
@@ -282,11 +298,11 @@ __device__ __forceinline__ void store_row_constants(const BackwardParams& p, con
 // global loads) overlap the key tiles (one warp did both: on short documents the consumers waited
 // for it, 35% of dQ's stall samples on tiny-unaligned, session 15).
 constexpr int kProducerWarps = kStreamerRoleWarps;
-template <int D>
+template <int D, bool kInteriorCodes>
 __device__ __forceinline__ void produce(const DqArgs& args, DqShared<D>& sm) {
   const bool streamed = run_as_tile_streamer([&](auto streamer) {
     stream_work_items<DqWork>(sm.rows_ring, sm.info, [&](const DqWork& w, int, int key_uses) {
-      produce_key_tiles<D, decltype(streamer)::value>(args, w, key_uses, sm);
+      produce_key_tiles<D, decltype(streamer)::value, kInteriorCodes>(args, w, key_uses, sm);
     });
   });
   if (streamed) return;
@@ -322,7 +338,7 @@ __device__ __forceinline__ void produce(const DqArgs& args, DqShared<D>& sm) {
 // A warpgroup of 64 query rows of one item (rows buffer b, key tiles at the ring's uses key_uses..);
 // per key tile: S and E, U (into s), sigma, dQ_tile = U~.K, then the stage is released and dQ_tile
 // added at 2^sigma.
-template <int D, bool kTurns>
+template <int D, bool kTurns, bool kInteriorCodes>
 __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, int b, int key_uses, DqShared<D>& sm,
                                         const ConsumerTurns<kTurns>& turns) {
   const BackwardParams& p = args.p;
@@ -369,8 +385,8 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, int
     // document end compute values that are never stored, and rows do not mix in dQ = U.K).
     float amax[2] = {0.f, 0.f};
     const bool interior = k0 + kKeyTile <= d.len && (!p.causal || k0 + kKeyTile - 1 <= w.q0);
-    if (interior) {
-      if (p.group_scales) interior_u_grouped(s, e, st, rw, amax);
+    if (interior) {  // with kInteriorCodes, grouped where the tile reads the interior codes
+      if (kInteriorCodes ? tile_codes<true>(w, i) == 1 : p.interior_key_groups) interior_u_grouped(s, e, st, rw, amax);
       else interior_u(s, e, st, rw, t, amax);
     } else {
       masked_u(s, e, st, rw, rows, d, k0, p.causal, t, amax);
@@ -401,7 +417,7 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, int
   }
 }
 
-template <int D, bool kTurns>
+template <int D, bool kTurns, bool kInteriorCodes>
 __global__ void __launch_bounds__(kThreads, 1) backward_dq_kernel(const __grid_constant__ DqArgs args) {
   DqShared<D>& sm = aligned_shared_storage<DqShared<D>>();
   run_roles<kProducerRegisters, kConsumerRegisters, kProducerWarps>(
@@ -409,12 +425,12 @@ __global__ void __launch_bounds__(kThreads, 1) backward_dq_kernel(const __grid_c
         sm.ring.init(kStreamerLanes, kConsumerWarps);
         sm.rows_ring.init(kProducerLanes, kConsumerWarps);
       },
-      [&] { produce(args, sm); },
+      [&] { produce<D, kInteriorCodes>(args, sm); },
       [&] {
         const ConsumerTurns<kTurns> turns{consumer_thread().consumer};
         turns.open();
         consume_work_items<DqWork>(sm.rows_ring, sm.info, [&](const DqWork& w, int n, int key_uses) {
-          consume(args, w, sm.rows_ring.stage(n), key_uses, sm, turns);
+          consume<D, kTurns, kInteriorCodes>(args, w, sm.rows_ring.stage(n), key_uses, sm, turns);
         });
         turns.close();
       });
@@ -429,12 +445,20 @@ int launch_backward_dq(const BackwardParams& p, void* stream) {
     args.p = p;
     cudaError_t e = rows_form_map(args.q_map, p.q_codes, p.total_tokens, p.q_heads, D, kQueryRows);
     if (e == cudaSuccess) e = rows_form_map(args.g_map, p.g_codes, p.total_tokens, p.q_heads, D, kQueryRows);
-    if (e == cudaSuccess) e = rows_form_map(args.k_map, p.k_codes, p.total_tokens, p.kv_heads, D, kKeyTile);
-    if (e == cudaSuccess) e = rows_form_map(args.v_map, p.v_codes, p.total_tokens, p.kv_heads, D, kKeyTile);
-    if (e == cudaSuccess) e = transposed_form_map(args.kt_map, p.k_codes_t, p.t_pitch, p.kv_heads, D, kKeyTile);
+    const uint8_t* const k_codes[2] = {p.k_codes, p.k_interior_codes};
+    const uint8_t* const v_codes[2] = {p.v_codes, p.v_interior_codes};
+    const uint8_t* const k_codes_t[2] = {p.k_codes_t, p.k_interior_codes_t};
+    for (int c = 0; c < 2 && e == cudaSuccess; ++c) {
+      e = rows_form_map(args.k_map[c], k_codes[c], p.total_tokens, p.kv_heads, D, kKeyTile);
+      if (e == cudaSuccess) e = rows_form_map(args.v_map[c], v_codes[c], p.total_tokens, p.kv_heads, D, kKeyTile);
+      if (e == cudaSuccess) e = transposed_form_map(args.kt_map[c], k_codes_t[c], p.t_pitch, p.kv_heads, D, kKeyTile);
+    }
     if (e != cudaSuccess) return e;
     const int64_t items = slots::slot_count(p.total_tokens, p.num_docs, kQueryRows) * p.q_heads;
-    const auto kernel = consumers_take_turns(p) ? backward_dq_kernel<D, true> : backward_dq_kernel<D, false>;
+    const bool turns = consumers_take_turns(p.interior_key_groups, p.total_tokens, p.num_docs);
+    const auto kernel = p.interior_codes
+                            ? (turns ? backward_dq_kernel<D, true, true> : backward_dq_kernel<D, false, true>)
+                            : (turns ? backward_dq_kernel<D, true, false> : backward_dq_kernel<D, false, false>);
     return launch_persistent(kernel, args, kDqSharedBytes<D>, kThreads, items, p.work_counter,
                              static_cast<cudaStream_t>(stream));
   });

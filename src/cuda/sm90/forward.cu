@@ -13,7 +13,10 @@
 // in step i it issues S_i = Q.K_i and O += P~_{i-1}.V_{i-1} together, and computes the softmax of
 // S_i while the second product runs (FA3's intra-warpgroup overlap); with the grouped arithmetic on
 // long documents the two consumers take turns at issuing (FA3's ping-pong: tma.cuh's ConsumerTurns).
-// It implements the emulation's numerics as docs/NUMERICS.md states them.
+// It implements the emulation's numerics as docs/NUMERICS.md states them. In prefix isolation with
+// block32 geometry (the kInteriorCodes instances) the tiles kFrontierTiles or more before the
+// diagonal one read K's and V's block32 codes and take the grouped arithmetic, the others their
+// per-token codes (core/tiling.h's interior pairs).
 //
 // Per key tile (128 keys, from the diagonal tile down, as the emulation):
 //   S = (Q codes . K codes) * 2^eq_i * 2^ek_j * scale * log2(e)      scales factored out
@@ -98,12 +101,23 @@ static_assert(kSharedBytes<128> <= 227 * 1024, "one CTA per SM must fit in share
 // The TMA tensor maps of the codes, besides the plain parameters.
 struct ForwardArgs {
   ForwardParams p;
-  CUtensorMap q_map;   // Q codes [T, Hq, D]: box D x 1 x kQueryRows
-  CUtensorMap k_map;   // K codes [T, Hkv, D]: box D x 1 x kKeyTile
-  CUtensorMap vt_map;  // V^T codes [Hkv * D, vt_pitch]: box kKeyTile x D
+  CUtensorMap q_map;      // Q codes [T, Hq, D]: box D x 1 x kQueryRows
+  CUtensorMap k_map[2];   // K codes [T, Hkv, D]: box D x 1 x kKeyTile; [1]: the interior codes
+  CUtensorMap vt_map[2];  // V^T codes [Hkv * D, vt_pitch]: box kKeyTile x D; [1]: the interior codes
 };
 
 __device__ __forceinline__ int key_tile_start(const CtaWork& w, int i) { return (w.tiles - 1 - i) * kKeyTile; }
+// The codes key tile i reads: 1, the interior codes, or 0. kInteriorCodes: the kernel instance for
+// prefix isolation's interior codes (attention_shape.h), which exist only where causal; then tile
+// i lies i frontier tiles before the item's rows (tile 0 is the diagonal one; core/tiling.h), and
+// its pairs are interior from tile kFrontierTiles on. (An instance, not a run-time choice: any code
+// for it in the producer changed the consumers' code around it and cost the default's forward 2-3%.)
+static_assert(kKeyTile == tiling::kFrontierTile && kQueryRows == tiling::kFrontierTile,
+              "an item's rows and each key tile are one frontier tile");
+template <bool kInteriorCodes>
+__device__ __forceinline__ int tile_codes(int i) {
+  return kInteriorCodes && i >= tiling::kFrontierTiles;
+}
 
 // --- producer ----------------------------------------------------------------------------------
 using TileScaleBytes = LaneScaleBytes<kKeyTile>;
@@ -134,7 +148,7 @@ __device__ __forceinline__ void store_lane_scales(const TileScaleBytes& b, const
 // document's codes, transposed slots the quantizer zeroed, or TMA's zeros past the tensor: finite
 // E4M3 codes (docs/KERNELS.md, "Loads") whose P is exactly 0, and columns of S that the masked path
 // drops.
-template <int D, int kStreamer>
+template <int D, int kStreamer, bool kInteriorCodes>
 __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const CtaWork& w, int key_uses,
                                                   SharedTiles<D>& sm) {
   using Share = StreamerShare<kStreamer, TileScaleBytes::kKeysPerLane>;
@@ -142,8 +156,9 @@ __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const
   const int lane = int(threadIdx.x) % 32;
   const int vt_doc_start = int(layout::transposed_document_start(w.doc_begin, w.doc));
   auto load_scales = [&](int i) {
+    const int64_t shift = tile_codes<kInteriorCodes>(i) * p.interior_scales_shift;
     return load_lane_scale_bytes<kKeyTile, Share::kFirst, Share::kCount>(
-        p.k_scales, p.v_scales, p.kv_heads, w.kvh, w.doc_begin, w.len, key_tile_start(w, i), lane);
+        p.k_scales + shift, p.v_scales + shift, p.kv_heads, w.kvh, w.doc_begin, w.len, key_tile_start(w, i), lane);
   };
   TileScaleBytes next = load_scales(0);
   const float inv_c = pow2i(w.c_exp == kNaNExponent ? kNaNExponent : -w.c_exp);
@@ -155,8 +170,8 @@ __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const
     if (kStreamer == 0 && lane == 0) {
       uint64_t& full = sm.ring.full_barrier(use);
       barrier_expect_bytes(full, 2 * kKeyTile * D);
-      tma_load_rows(args.k_map, st.k, full, w.kvh, w.doc_begin + k0);
-      tma_load_transposed(args.vt_map, st.vt, full, w.kvh, D, vt_doc_start + k0);
+      tma_load_rows(args.k_map[tile_codes<kInteriorCodes>(i)], st.k, full, w.kvh, w.doc_begin + k0);
+      tma_load_transposed(args.vt_map[tile_codes<kInteriorCodes>(i)], st.vt, full, w.kvh, D, vt_doc_start + k0);
     }
     if (i + 1 < w.tiles) next = load_scales(i + 1);
     store_lane_scales<D, Share::kFirst, Share::kCount>(bytes, w, inv_c, k0, lane, st);
@@ -201,11 +216,11 @@ __device__ __forceinline__ void store_row_bytes(const ForwardParams& p, const Ct
 // the start of an item (3.2% of the forward's stall samples at 16x4096, session 16). No more items:
 // an item of 0 tiles ends the consumers.
 constexpr int kProducerWarps = kStreamerRoleWarps;
-template <int D>
+template <int D, bool kInteriorCodes>
 __device__ __forceinline__ void produce(const ForwardArgs& args, SharedTiles<D>& sm) {
   const bool streamed = run_as_tile_streamer([&](auto streamer) {
     stream_work_items<CtaWork>(sm.q_ring, sm.info, [&](const CtaWork& w, int, int key_uses) {
-      produce_key_tiles<D, decltype(streamer)::value>(args, w, key_uses, sm);
+      produce_key_tiles<D, decltype(streamer)::value, kInteriorCodes>(args, w, key_uses, sm);
     });
   });
   if (streamed) return;
@@ -498,7 +513,9 @@ __device__ __forceinline__ ItemRows item_rows(const ForwardParams& p, const CtaW
 // rescale factors in alpha. A tile is interior when every key is visible to every row: inside the
 // document and, causal, at or before the CTA's first row. Only visible keys enter the running max,
 // so it never looks past a row.
-template <int D>
+// With kInteriorCodes the interior tiles that read the interior codes take the grouped arithmetic,
+// the others (the frontier's, per-token codes) the per-key one.
+template <int D, bool kInteriorCodes>
 __device__ __forceinline__ void tile_softmax(const ForwardParams& p, const ItemRows& it, const KeyTileStage<D>& st,
                                              int i, float (&s)[kKeyTile / 2], float (&m)[2], float (&l)[2],
                                              float (&alpha)[2]) {
@@ -506,7 +523,8 @@ __device__ __forceinline__ void tile_softmax(const ForwardParams& p, const ItemR
   fence_accumulators(s);
   const int k0 = key_tile_start(it.w, i);
   if (k0 + kKeyTile <= it.w.len && (!p.causal || k0 + kKeyTile - 1 <= it.w.q0)) {
-    if (p.group_scales) interior_tile_grouped(s, st, it.q_factor, it.row_pow, m, l, alpha);
+    if (kInteriorCodes ? tile_codes<true>(i) == 1 : p.interior_key_groups)
+      interior_tile_grouped(s, st, it.q_factor, it.row_pow, m, l, alpha);
     else interior_tile(s, st, it.q_factor, it.row_pow, t, m, l, alpha);
   } else
     masked_tile(s, st, it.q_factor, it.fold_bias, it.row_pow, it.split_fold, k0, it.w.len, p.causal, it.rows,
@@ -541,7 +559,7 @@ __device__ __forceinline__ void store_item_output(const ForwardParams& p, const 
 // new running max and packs P~_i. Consecutive items overlap the same way: the last step of item n
 // issues item n+1's S_0 with its own last P.V, runs n+1's first softmax while that P.V runs, then
 // stores n's O and LSE; so only a CTA's first S and its last P.V run alone.
-template <int D, bool kTurns>
+template <int D, bool kTurns, bool kInteriorCodes>
 __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTiles<D>& sm) {
   const ForwardParams& p = args.p;
   const ConsumerThread me = consumer_thread();
@@ -591,7 +609,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
     wgmma_wait<0>();
     start_item();
     float alpha[2];
-    tile_softmax(p, it, stage(it.key_uses), 0, s, m, l, alpha);  // O is still 0: nothing to rescale
+    tile_softmax<D, kInteriorCodes>(p, it, stage(it.key_uses), 0, s, m, l, alpha);  // O is still 0: nothing to rescale
     pack_a_operand<kKeyTile>(s, pa);
   }
   for (int n = 0;; ++n) {
@@ -604,7 +622,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
       turns.end();
       wgmma_wait<1>();  // S_i is done; P.V may still run
       float alpha[2];
-      tile_softmax(p, it, stage(it.key_uses + i), i, s, m, l, alpha);
+      tile_softmax<D, kInteriorCodes>(p, it, stage(it.key_uses + i), i, s, m, l, alpha);
       wgmma_wait<0>();
       fence_accumulators(o_acc);
       if (lane == 0) sm.ring.arrive_empty(it.key_uses + i - 1);  // this warp is done with tile i-1
@@ -635,7 +653,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
     turns.end();
     wgmma_wait<1>();  // the next item's S_0 is done; this item's last P.V may still run
     float next_m[2] = {-INFINITY, -INFINITY}, next_l[2] = {0.f, 0.f}, alpha[2];
-    tile_softmax(p, next, stage(next.key_uses), 0, s, next_m, next_l, alpha);  // its O is still 0
+    tile_softmax<D, kInteriorCodes>(p, next, stage(next.key_uses), 0, s, next_m, next_l, alpha);  // its O is still 0
     wgmma_wait<0>();
     fence_accumulators(o_acc);
     if (lane == 0) sm.ring.arrive_empty(it.key_uses + last);  // the ring runs on into the next item
@@ -648,7 +666,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   }
 }
 
-template <int D, bool kTurns>
+template <int D, bool kTurns, bool kInteriorCodes>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ ForwardArgs args) {
   // The skeleton of tma.cuh's aligned_shared_storage and run_roles, written out: through those
   // helpers (as the backward kernels use them) this kernel compiled to other SASS and measured 1%
@@ -664,10 +682,10 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   __syncthreads();
   if (threadIdx.x < 128) {
     release_registers<kProducerRegisters>();
-    if (threadIdx.x < 32 * kProducerWarps) produce(args, sm);
+    if (threadIdx.x < 32 * kProducerWarps) produce<D, kInteriorCodes>(args, sm);
   } else {
     claim_registers<kConsumerRegisters>();
-    consume_items<D, kTurns>(args, sm);
+    consume_items<D, kTurns, kInteriorCodes>(args, sm);
   }
 }
 
@@ -679,11 +697,17 @@ int launch_forward(const ForwardParams& p, void* stream) {
     ForwardArgs args{};
     args.p = p;
     cudaError_t e = rows_form_map(args.q_map, p.q_codes, p.total_tokens, p.q_heads, D, kQueryRows);
-    if (e == cudaSuccess) e = rows_form_map(args.k_map, p.k_codes, p.total_tokens, p.kv_heads, D, kKeyTile);
-    if (e == cudaSuccess) e = transposed_form_map(args.vt_map, p.v_codes_t, p.vt_pitch, p.kv_heads, D, kKeyTile);
+    if (e == cudaSuccess) e = rows_form_map(args.k_map[0], p.k_codes, p.total_tokens, p.kv_heads, D, kKeyTile);
+    if (e == cudaSuccess) e = transposed_form_map(args.vt_map[0], p.v_codes_t, p.vt_pitch, p.kv_heads, D, kKeyTile);
+    if (e == cudaSuccess)
+      e = rows_form_map(args.k_map[1], p.k_interior_codes, p.total_tokens, p.kv_heads, D, kKeyTile);
+    if (e == cudaSuccess)
+      e = transposed_form_map(args.vt_map[1], p.v_interior_codes_t, p.vt_pitch, p.kv_heads, D, kKeyTile);
     if (e != cudaSuccess) return e;
     const int64_t items = slots::slot_count(p.total_tokens, p.num_docs, kQueryRows) * p.q_heads;
-    const auto kernel = consumers_take_turns(p) ? forward_kernel<D, true> : forward_kernel<D, false>;
+    const bool turns = consumers_take_turns(p.interior_key_groups, p.total_tokens, p.num_docs);
+    const auto kernel = p.interior_codes ? (turns ? forward_kernel<D, true, true> : forward_kernel<D, false, true>)
+                                         : (turns ? forward_kernel<D, true, false> : forward_kernel<D, false, false>);
     return launch_persistent(kernel, args, kSharedBytes<D>, kThreads, items, p.work_counter,
                              static_cast<cudaStream_t>(stream));
   });

@@ -19,6 +19,11 @@ struct ForwardParams : AttentionShape {
   int64_t vt_pitch;           // layout::transposed_tokens(T, num_docs)
   const uint8_t* v_scales;    // [T, Hkv]
   const uint8_t* v_fold_ref;  // [T, Hkv]: running max of V's scale exponents within the document
+  // Interior tiles' K and V codes (AttentionShape::interior_codes; else the same as k_codes and
+  // v_codes_t) and scales, at k_scales + interior_scales_shift and v_scales + interior_scales_shift
+  // (0 without interior codes; the C API's layouts place both at one shift).
+  const uint8_t *k_interior_codes, *v_interior_codes_t;
+  int64_t interior_scales_shift;
   void* o;                    // BF16 [T, Hq, D] with the strides below (elements)
   int64_t o_stride_token, o_stride_head;
   float* lse;  // [Hq, T], natural log
