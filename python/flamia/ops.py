@@ -465,12 +465,16 @@ def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, 
         max_seqlen: Python int >= the longest document.
         causal: causal mask inside each document (default True).
         softmax_scale: default 1/sqrt(D).
-        isolation: "document" (default) or "prefix" (strict prefix isolation).
+        isolation: "document" (default) or "prefix" (strict prefix isolation: q and dO get
+            per-token scales; with block32 geometry k and v are encoded twice, per token at the
+            frontier and block32 where the key is two or more 128-token tiles before the query,
+            docs/NUMERICS.md; with token geometry per token everywhere).
         scale_geometry: "block32" (default; document-local 32-token groups) or "token".
         scale_rule: "ceil" (default; never clips) or "floor" (OCP MX).
         return_lse: also return lse [Hq, T] FP32 (natural log).
         save_codes: when a gradient will be taken, keep q, k and v's MXFP8 codes (about 2 bytes per
-            element of q, k and v) for the backward instead of q, k and v themselves, so the
+            element of q, k and v, 2 more per element of k and v in prefix isolation with block32
+            geometry) for the backward instead of q, k and v themselves, so the
             backward does not quantize them again (default True; same gradients bitwise).
 
     Returns:
