@@ -134,22 +134,20 @@ QuantizedInputs quantize_inputs(const PackedTensor& q, const PackedTensor& k, co
   const ScaleGeometry geometry = options.effective_geometry();
   QuantizedInputs out;
   out.hadamard = options.hadamard;
-  auto rotated = [](const PackedTensor& x) {
-    PackedTensor r = x;
-    hadamard_rotate(r);
-    return r;
-  };
+  // Q and K rotated once (with Hadamard), read in place otherwise.
+  PackedTensor q_rotated, k_rotated;
   if (options.hadamard) {
-    out.q = quantize_mxfp8(rotated(q), docs, geometry, options.scale_rule);
-    out.k = quantize_mxfp8(rotated(k), docs, geometry, options.scale_rule);
-  } else {
-    out.q = quantize_mxfp8(q, docs, geometry, options.scale_rule);
-    out.k = quantize_mxfp8(k, docs, geometry, options.scale_rule);
+    q_rotated = q, k_rotated = k;
+    hadamard_rotate(q_rotated);
+    hadamard_rotate(k_rotated);
   }
+  const PackedTensor& q_in = options.hadamard ? q_rotated : q;
+  const PackedTensor& k_in = options.hadamard ? k_rotated : k;
+  out.q = quantize_mxfp8(q_in, docs, geometry, options.scale_rule);
+  out.k = quantize_mxfp8(k_in, docs, geometry, options.scale_rule);
   out.v = quantize_mxfp8(v, docs, geometry, options.scale_rule);
   if (options.interior_codes()) {
-    out.k_interior =
-        quantize_mxfp8(options.hadamard ? rotated(k) : k, docs, ScaleGeometry::kBlock32, options.scale_rule);
+    out.k_interior = quantize_mxfp8(k_in, docs, ScaleGeometry::kBlock32, options.scale_rule);
     out.v_interior = quantize_mxfp8(v, docs, ScaleGeometry::kBlock32, options.scale_rule);
   }
   return out;
