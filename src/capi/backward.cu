@@ -69,9 +69,8 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   p.g_codes = region(ws.g_codes), p.g_scales = region(ws.g_scales);
   p.q_codes_t = qkv.q_codes_t, p.k_codes_t = qkv.k_codes_t, p.g_codes_t = region(ws.g_codes_t);
   p.t_pitch = layout::transposed_tokens(T, docs->num_docs);
-  p.k_interior_codes = interior ? qkv.k_interior_codes : qkv.k_codes;
-  p.v_interior_codes = interior ? qkv.v_interior_codes : qkv.v_codes;
-  p.k_interior_codes_t = interior ? qkv.k_interior_codes_t : qkv.k_codes_t;
+  p.k_interior_codes = qkv.k_interior_codes, p.v_interior_codes = qkv.v_interior_codes;
+  p.k_interior_codes_t = qkv.k_interior_codes_t;
   p.interior_scales_shift = saved ? interior_scales_shift(saved_layout) : interior_scales_shift(ws);
   p.g_scale_prefix_max = region(ws.g_scale_prefix_max);
   p.o = o->data, p.o_stride_token = o->stride_token, p.o_stride_head = o->stride_head;

@@ -88,7 +88,6 @@ cuda::sm90::AttentionShape attention_shape(const flamia_tensor& q, const flamia_
   s.causal = options.causal == 1;
   s.group_scales = numerics.effective_geometry() == ScaleGeometry::kBlock32;
   s.interior_codes = numerics.interior_codes();
-  s.interior_key_groups = s.group_scales || s.interior_codes;
   return s;
 }
 

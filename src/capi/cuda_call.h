@@ -42,7 +42,8 @@ struct QkvCodePointers {
   uint8_t *q_codes, *k_codes, *v_codes;        // rows [T, H, D]
   uint8_t *q_codes_t, *k_codes_t, *v_codes_t;  // transposed (core/operand_layout.h)
   uint8_t *q_scales, *k_scales, *v_scales;     // [T, H]
-  // K and V's interior codes (validate.h), null without them.
+  // The codes interior tiles read: K and V's interior codes (validate.h) where the layout has
+  // them, else the same as the fields above (every tile reads one code set).
   uint8_t *k_interior_codes, *v_interior_codes, *k_interior_codes_t, *v_interior_codes_t;
   uint8_t *k_interior_scales, *v_interior_scales;
 };
@@ -51,11 +52,17 @@ struct QkvCodePointers {
 template <class Layout>
 QkvCodePointers qkv_code_pointers(uint8_t* base, const Layout& l) {
   auto at = [base](const WorkspaceRegion& r) { return region_pointer(base, r); };
-  return {at(l.q_codes),           at(l.k_codes),           at(l.v_codes),
-          at(l.q_codes_t),         at(l.k_codes_t),         at(l.v_codes_t),
-          at(l.q_scales),          at(l.k_scales),          at(l.v_scales),
-          at(l.k_interior_codes),  at(l.v_interior_codes),  at(l.k_interior_codes_t),
-          at(l.v_interior_codes_t), at(l.k_interior_scales), at(l.v_interior_scales)};
+  QkvCodePointers p{at(l.q_codes),           at(l.k_codes),           at(l.v_codes),
+                    at(l.q_codes_t),         at(l.k_codes_t),         at(l.v_codes_t),
+                    at(l.q_scales),          at(l.k_scales),          at(l.v_scales),
+                    at(l.k_interior_codes),  at(l.v_interior_codes),  at(l.k_interior_codes_t),
+                    at(l.v_interior_codes_t), at(l.k_interior_scales), at(l.v_interior_scales)};
+  if (l.k_interior_scales.bytes == 0) {  // no interior codes
+    p.k_interior_codes = p.k_codes, p.v_interior_codes = p.v_codes;
+    p.k_interior_codes_t = p.k_codes_t, p.v_interior_codes_t = p.v_codes_t;
+    p.k_interior_scales = p.k_scales, p.v_interior_scales = p.v_scales;
+  }
+  return p;
 }
 
 // Quantizes q, k and v into dst: the forward, the backward and the saving forward encode the same

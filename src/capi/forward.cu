@@ -61,8 +61,8 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   p.vt_pitch = layout::transposed_tokens(T, docs->num_docs);
   p.v_scales = qkv.v_scales;
   p.v_fold_ref = region(ws.v_fold_ref);
-  p.k_interior_codes = interior ? qkv.k_interior_codes : qkv.k_codes;
-  p.v_interior_codes_t = interior ? qkv.v_interior_codes_t : qkv.v_codes_t;
+  p.k_interior_codes = qkv.k_interior_codes;
+  p.v_interior_codes_t = qkv.v_interior_codes_t;
   p.interior_scales_shift = saving ? interior_scales_shift(saved) : interior_scales_shift(ws);
   p.o = o->data;
   p.o_stride_token = o->stride_token;

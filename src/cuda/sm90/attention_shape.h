@@ -21,9 +21,6 @@ struct AttentionShape {
   // interior_pair); the other tiles read their per-token codes. Without it the interior fields
   // point at the same codes as the others.
   bool interior_codes;
-  // group_scales || interior_codes: an interior tile's keys share one K and V scale per 32-key
-  // group, so the forward's and dQ's interior tiles take one factor per key group.
-  bool interior_key_groups;
 };
 
 // Whether the attention kernels' two consumer warpgroups take turns at issuing their products
@@ -35,7 +32,7 @@ struct AttentionShape {
 // (each item a few steps) ~1.5%.
 inline constexpr int kTurnsFromMeanDocument = 512;
 // grouped: whether the kernel's interior tiles take the grouped arithmetic (the forward and dQ:
-// interior_key_groups, dK dV: group_scales).
+// group_scales || interior_codes, dK dV: group_scales).
 inline bool consumers_take_turns(bool grouped, int64_t total_tokens, int64_t num_docs) {
   return grouped && total_tokens >= int64_t(kTurnsFromMeanDocument) * num_docs;
 }

@@ -660,10 +660,14 @@ int launch_backward_dkdv(const BackwardParams& p, void* stream) {
     if (e == cudaSuccess) e = rows_form_map(args.g_map, p.g_codes, p.total_tokens, p.q_heads, D, kQueryTile);
     if (e == cudaSuccess) e = transposed_form_map(args.qt_map, p.q_codes_t, p.t_pitch, p.q_heads, D, kQueryTile);
     if (e == cudaSuccess) e = transposed_form_map(args.gt_map, p.g_codes_t, p.t_pitch, p.q_heads, D, kQueryTile);
-    if (e == cudaSuccess)
+    if (!p.interior_codes) {  // no interior K and V rows: the same maps, not encoded again
+      args.k_interior_map = args.k_map;
+      args.v_interior_map = args.v_map;
+    } else if (e == cudaSuccess) {
       e = rows_form_map(args.k_interior_map, p.k_interior_codes, p.total_tokens, p.kv_heads, D, kKeyRows);
-    if (e == cudaSuccess)
-      e = rows_form_map(args.v_interior_map, p.v_interior_codes, p.total_tokens, p.kv_heads, D, kKeyRows);
+      if (e == cudaSuccess)
+        e = rows_form_map(args.v_interior_map, p.v_interior_codes, p.total_tokens, p.kv_heads, D, kKeyRows);
+    }
     if (e != cudaSuccess) return e;
     const auto cuda_stream = static_cast<cudaStream_t>(stream);
     if (dkdv_runs_persistent(p.total_tokens, p.num_docs)) {

@@ -386,7 +386,7 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, int
     float amax[2] = {0.f, 0.f};
     const bool interior = k0 + kKeyTile <= d.len && (!p.causal || k0 + kKeyTile - 1 <= w.q0);
     if (interior) {  // with kInteriorCodes, grouped where the tile reads the interior codes
-      if (kInteriorCodes ? tile_codes<true>(w, i) == 1 : p.interior_key_groups) interior_u_grouped(s, e, st, rw, amax);
+      if (kInteriorCodes ? tile_codes<true>(w, i) == 1 : p.group_scales) interior_u_grouped(s, e, st, rw, amax);
       else interior_u(s, e, st, rw, t, amax);
     } else {
       masked_u(s, e, st, rw, rows, d, k0, p.causal, t, amax);
@@ -448,14 +448,20 @@ int launch_backward_dq(const BackwardParams& p, void* stream) {
     const uint8_t* const k_codes[2] = {p.k_codes, p.k_interior_codes};
     const uint8_t* const v_codes[2] = {p.v_codes, p.v_interior_codes};
     const uint8_t* const k_codes_t[2] = {p.k_codes_t, p.k_interior_codes_t};
-    for (int c = 0; c < 2 && e == cudaSuccess; ++c) {
+    const int code_sets = p.interior_codes ? 2 : 1;
+    for (int c = 0; c < code_sets && e == cudaSuccess; ++c) {
       e = rows_form_map(args.k_map[c], k_codes[c], p.total_tokens, p.kv_heads, D, kKeyTile);
       if (e == cudaSuccess) e = rows_form_map(args.v_map[c], v_codes[c], p.total_tokens, p.kv_heads, D, kKeyTile);
       if (e == cudaSuccess) e = transposed_form_map(args.kt_map[c], k_codes_t[c], p.t_pitch, p.kv_heads, D, kKeyTile);
     }
     if (e != cudaSuccess) return e;
+    if (!p.interior_codes) {  // the interior tiles read the same codes: the same maps, not encoded again
+      args.k_map[1] = args.k_map[0];
+      args.v_map[1] = args.v_map[0];
+      args.kt_map[1] = args.kt_map[0];
+    }
     const int64_t items = slots::slot_count(p.total_tokens, p.num_docs, kQueryRows) * p.q_heads;
-    const bool turns = consumers_take_turns(p.interior_key_groups, p.total_tokens, p.num_docs);
+    const bool turns = consumers_take_turns(p.group_scales || p.interior_codes, p.total_tokens, p.num_docs);
     const auto kernel = p.interior_codes
                             ? (turns ? backward_dq_kernel<D, true, true> : backward_dq_kernel<D, false, true>)
                             : (turns ? backward_dq_kernel<D, true, false> : backward_dq_kernel<D, false, false>);

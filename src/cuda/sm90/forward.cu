@@ -112,8 +112,6 @@ __device__ __forceinline__ int key_tile_start(const CtaWork& w, int i) { return 
 // i lies i frontier tiles before the item's rows (tile 0 is the diagonal one; core/tiling.h), and
 // its pairs are interior from tile kFrontierTiles on. (An instance, not a run-time choice: any code
 // for it in the producer changed the consumers' code around it and cost the default's forward 2-3%.)
-static_assert(kKeyTile == tiling::kFrontierTile && kQueryRows == tiling::kFrontierTile,
-              "an item's rows and each key tile are one frontier tile");
 template <bool kInteriorCodes>
 __device__ __forceinline__ int tile_codes(int i) {
   return kInteriorCodes && i >= tiling::kFrontierTiles;
@@ -523,7 +521,7 @@ __device__ __forceinline__ void tile_softmax(const ForwardParams& p, const ItemR
   fence_accumulators(s);
   const int k0 = key_tile_start(it.w, i);
   if (k0 + kKeyTile <= it.w.len && (!p.causal || k0 + kKeyTile - 1 <= it.w.q0)) {
-    if (kInteriorCodes ? tile_codes<true>(i) == 1 : p.interior_key_groups)
+    if (kInteriorCodes ? tile_codes<true>(i) == 1 : p.group_scales)
       interior_tile_grouped(s, st, it.q_factor, it.row_pow, m, l, alpha);
     else interior_tile(s, st, it.q_factor, it.row_pow, t, m, l, alpha);
   } else
@@ -699,13 +697,17 @@ int launch_forward(const ForwardParams& p, void* stream) {
     cudaError_t e = rows_form_map(args.q_map, p.q_codes, p.total_tokens, p.q_heads, D, kQueryRows);
     if (e == cudaSuccess) e = rows_form_map(args.k_map[0], p.k_codes, p.total_tokens, p.kv_heads, D, kKeyTile);
     if (e == cudaSuccess) e = transposed_form_map(args.vt_map[0], p.v_codes_t, p.vt_pitch, p.kv_heads, D, kKeyTile);
-    if (e == cudaSuccess)
+    if (!p.interior_codes) {  // the interior tiles read the same codes: the same maps, not encoded again
+      args.k_map[1] = args.k_map[0];
+      args.vt_map[1] = args.vt_map[0];
+    } else if (e == cudaSuccess) {
       e = rows_form_map(args.k_map[1], p.k_interior_codes, p.total_tokens, p.kv_heads, D, kKeyTile);
-    if (e == cudaSuccess)
-      e = transposed_form_map(args.vt_map[1], p.v_interior_codes_t, p.vt_pitch, p.kv_heads, D, kKeyTile);
+      if (e == cudaSuccess)
+        e = transposed_form_map(args.vt_map[1], p.v_interior_codes_t, p.vt_pitch, p.kv_heads, D, kKeyTile);
+    }
     if (e != cudaSuccess) return e;
     const int64_t items = slots::slot_count(p.total_tokens, p.num_docs, kQueryRows) * p.q_heads;
-    const bool turns = consumers_take_turns(p.interior_key_groups, p.total_tokens, p.num_docs);
+    const bool turns = consumers_take_turns(p.group_scales || p.interior_codes, p.total_tokens, p.num_docs);
     const auto kernel = p.interior_codes ? (turns ? forward_kernel<D, true, true> : forward_kernel<D, false, true>)
                                          : (turns ? forward_kernel<D, true, false> : forward_kernel<D, false, false>);
     return launch_persistent(kernel, args, kSharedBytes<D>, kThreads, items, p.work_counter,
