@@ -17,7 +17,11 @@ implementation timed as the median of --rounds calls after --warmup calls, in on
                   inputs are E4M3 already (their quantization is not timed)
 
 torch implementations are timed with CUDA events on the current stream, JAX ones with the wall
-clock around block_until_ready of one jitted call. TFLOP/s count visible pairs only:
+clock around block_until_ready of one jitted call. With --graph (DESIGN.md section 5: "inside a
+CUDA graph where possible") every torch implementation's call (its whole training call with --pass
+train) is captured once in a CUDA graph and the replays are timed, so no implementation's host time
+(Python, dispatcher, launches) is in its numbers; one that cannot be captured is timed eager and
+says so in a note. JAX's calls are jitted either way. TFLOP/s count visible pairs only:
 4 * D * pairs * Hq / time for the forward, 3.5 times that for a training call (the backward
 counted as 2.5 forwards). A training call is torch.autograd.grad of the output (in the packed
 [T, Hq, D] layout) for a fixed random dO, or jax.vjp, so every implementation returns dq, dk, dv.
@@ -28,9 +32,9 @@ compared with flamia's (cosine), so a baseline computing a different mask shows 
 
 Usage (repo root, GPU machine, after `pip install --no-build-isolation --no-deps .`, or with
 PYTHONPATH=python FLAMIA_CAPI_LIB=build-gpu/libflamia_capi.so):
-  python3 bench/bench_attention.py [--pass train] [--workloads 16x4096,longtail] [--rounds 20]
-                                   [--warmup 3] [--impls flamia,fa2-varlen] [--json out.json]
-                                   [--markdown out.md]
+  python3 bench/bench_attention.py [--pass train] [--graph] [--workloads 16x4096,longtail]
+                                   [--rounds 20] [--warmup 3] [--impls flamia,fa2-varlen]
+                                   [--json out.json] [--markdown out.md]
 """
 
 import argparse
@@ -193,10 +197,10 @@ def setup_flamia_prefix(torch, flamia, case):
     return setup_flamia(torch, flamia, case, isolation="prefix")
 
 
-def setup_flamia_graph(torch, flamia, case):
-    forward, _ = setup_flamia(torch, flamia, case)
-    call, to_packed = training_call(torch, case, forward, lambda o: o) if case.train else (forward, lambda o: o)
-
+def captured(torch, call):
+    """call() captured once in a CUDA graph (after two calls on a side stream, as torch's capture
+    wants: lazy initialization, compilation and allocator warm-up happen outside the graph); the
+    returned fn() replays it and returns the captured call's (static) output."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -205,13 +209,20 @@ def setup_flamia_graph(torch, flamia, case):
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_o = call()
+        static_out = call()
 
     def fn():
         graph.replay()
-        return static_o
+        return static_out
 
     fn.graph = graph  # keep the graph alive with the closure
+    return fn
+
+
+def setup_flamia_graph(torch, flamia, case):
+    forward, _ = setup_flamia(torch, flamia, case)
+    call, to_packed = training_call(torch, case, forward, lambda o: o) if case.train else (forward, lambda o: o)
+    fn = captured(torch, call)
     fn.captured = True  # already a training call when case.train
     return fn, to_packed
 
@@ -500,9 +511,18 @@ def run_impl(torch, flamia, case, impl, args):
                 fn, to_packed = training_call(torch, case, fn, to_packed)
             for t in (case.q, case.k, case.v):
                 t.grad = None  # a setup's trial backward may have left some
-            result["peak_mib"] = peak_memory_mib(torch, fn)
-            ms, times, out = time_torch(torch, fn, args.rounds, args.warmup)
+            result["peak_mib"] = peak_memory_mib(torch, fn)  # eager (a graph's memory is taken at capture)
             note = ""
+            if args.graph and not getattr(fn, "captured", False):
+                try:
+                    fn = captured(torch, fn)
+                    result["graph"] = True
+                except Exception as exc:  # timed eager instead, and said so
+                    torch.cuda.synchronize()
+                    note = f"timed eager: CUDA graph capture failed ({short(exc, 160)})"
+                    result["graph"] = False
+            ms, times, out = time_torch(torch, fn, args.rounds, args.warmup)
+            del fn
         else:
             torch.cuda.synchronize()
             jf, jargs, to_packed, note = JAX_SETUPS[impl](torch, flamia, case)
@@ -576,8 +596,11 @@ def markdown(meta, rows, impls):
         "",
         f"T = {W.TOTAL} packed tokens, Hq = {W.Q_HEADS}, D = {W.HEAD_DIM}, causal, BF16 in/out; median of "
         f"{meta['rounds']} rounds after {meta['warmup']} warm-up calls. Cells: ms / TFLOP/s "
-        f"(visible pairs: {flops}). Ratios are flamia's (eager) TFLOP/s over the best BF16 "
-        "baseline's and over cuDNN FP8's; 'prefix / default' is the time of isolation=prefix over the default's.",
+        f"(visible pairs: {flops}). "
+        + ("Every torch implementation is timed replaying its call from a CUDA graph (no host time; JAX's calls "
+           "are jitted). " if meta.get("graph") else "Eager calls (host time included). ")
+        + "Ratios are flamia's TFLOP/s over the best BF16 baseline's and over cuDNN FP8's; 'prefix / default' is "
+        "the time of isolation=prefix over the default's.",
         "",
     ]
     header = ["workload", "docs"] + list(impls) + ["flamia / best BF16", "flamia / cuDNN FP8", "prefix / default"]
@@ -592,6 +615,9 @@ def markdown(meta, rows, impls):
                 cells.append("-")
             elif r["status"] == "ok":
                 cell = f"{r['ms']:.3f} / {r['tflops']:.0f}"
+                if r.get("graph") is False:  # --graph, but its capture failed
+                    cell += " (eager)"
+                    notes.append(f"{row['workload']} / {impl}: {r['note']}")
                 if r.get("warning"):
                     cell += " (!)"
                     notes.append(f"{row['workload']} / {impl}: {r['warning']}")
@@ -663,6 +689,8 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--markdown", metavar="PATH", help="write the table as markdown")
+    p.add_argument("--graph", action="store_true",
+                   help="time every torch implementation replaying its call from a CUDA graph (DESIGN.md section 5)")
     p.add_argument("--no-check", action="store_true", help="skip the cosine check against flamia's output")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failing implementations")
     args = p.parse_args(argv)
@@ -692,8 +720,8 @@ def main(argv=None):
         return 2
     flamia = import_flamia()
     meta = environment(torch)
-    meta.update(rounds=args.rounds, warmup=args.warmup, **{"pass": args.pass_}, seed=args.seed, tokens=W.TOTAL, q_heads=W.Q_HEADS,
-                head_dim=W.HEAD_DIM, implementations={k: IMPLS[k] for k in args.impl_names})
+    meta.update(rounds=args.rounds, warmup=args.warmup, **{"pass": args.pass_}, graph=args.graph, seed=args.seed,
+                tokens=W.TOTAL, q_heads=W.Q_HEADS, head_dim=W.HEAD_DIM, implementations={k: IMPLS[k] for k in args.impl_names})
     log(f"bench: {meta['gpu']} (sm_{meta['capability']}), torch {meta['torch']}, jax {meta['jax']}")
 
     # flamia first (its output is the reference of the cosine checks), then the others.
