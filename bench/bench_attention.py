@@ -647,8 +647,8 @@ def markdown(meta, rows, impls):
     lines.append("")
     memory_impls = [i for i in impls if i in TORCH_SETUPS]
     if memory_impls:
-        lines.append("Peak GPU memory of one call (MiB above what was allocated before it; torch allocator, so "
-                     "JAX is not measured; a CUDA graph's memory is taken at capture):")
+        lines.append("Peak GPU memory of one eager call (MiB above what was allocated before it; torch allocator, "
+                     "so JAX is not measured):")
         lines.append("")
         lines.append("| workload | " + " | ".join(memory_impls) + " |")
         lines.append("|" + "|".join(["---"] * (len(memory_impls) + 1)) + "|")
