@@ -739,6 +739,8 @@ def parse_args(argv):
 
     args.workload_names = pick(args.workloads, W.WORKLOADS, "workloads")
     args.impl_names = pick(args.impls, IMPLS, "implementations")
+    if args.graph and args.impls == "all":
+        args.impl_names.remove("flamia-graph")  # under --graph that is flamia itself
     return args
 
 

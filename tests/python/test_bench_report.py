@@ -1,0 +1,50 @@
+"""bench/bench_attention.py's arguments and report (its timings need torch and a GPU; these parts
+do not): --graph, the ratios per row, and what the table says about how each cell was timed."""
+import pathlib
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+
+import bench_attention  # noqa: E402
+
+META = {"pass": "train", "gpu": "H200", "torch": "t", "jax": "j", "cudnn_torch": 1, "date": "d", "rounds": 5,
+        "warmup": 2}
+
+
+def ok(ms, tflops, **extra):
+    return {"status": "ok", "ms": ms, "tflops": tflops, **extra}
+
+
+def row(impls):
+    return {"workload": "16x4096", "docs": 16, "impls": impls}
+
+
+def test_graph_mode_drops_flamia_graph_from_all_but_keeps_it_when_asked_for():
+    assert "flamia-graph" not in bench_attention.parse_args(["--graph"]).impl_names
+    assert "flamia-graph" in bench_attention.parse_args([]).impl_names
+    assert bench_attention.parse_args(["--graph", "--impls", "flamia,flamia-graph"]).impl_names == [
+        "flamia", "flamia-graph"]
+
+
+def test_ratios_take_the_fastest_bf16_baseline_whose_output_agrees():
+    r = row({"flamia": ok(2.0, 600.0), "flamia-prefix": ok(2.2, 545.0), "cudnn-sdpa": ok(2.4, 500.0),
+             "fa2-varlen": ok(1.5, 800.0, warning="output differs"), "jax-cudnn-fp8": ok(1.7, 700.0)})
+    bench_attention.summarize(r)
+    assert r["best_bf16"] == "cudnn-sdpa"  # fa2-varlen is faster but computes something else
+    assert abs(r["ratio_vs_best_bf16"] - 1.2) < 1e-12
+    assert abs(r["ratio_vs_cudnn_fp8"] - 600 / 700) < 1e-12
+    assert abs(r["prefix_time_ratio"] - 600 / 545) < 1e-12
+
+
+def test_the_table_says_which_cells_were_timed_eager_under_graph():
+    r = row({"flamia": ok(2.0, 600.0, graph=True),
+             "cudnn-sdpa": ok(2.4, 500.0, graph=False, note="timed eager: CUDA graph capture failed twice (x)")})
+    bench_attention.summarize(r)
+    table = bench_attention.markdown({**META, "graph": True}, [r], ["flamia", "cudnn-sdpa"])
+    assert "replaying its call from a CUDA graph" in table
+    line = next(l for l in table.splitlines() if l.startswith("| 16x4096"))
+    assert "2.000 / 600 |" in line and "2.400 / 500 (eager)" in line
+    assert "16x4096 / cudnn-sdpa: timed eager: CUDA graph capture failed twice (x)" in table
+    eager = bench_attention.markdown({**META, "graph": False}, [r], ["flamia", "cudnn-sdpa"])
+    assert "Eager calls (host time included)" in eager
