@@ -534,8 +534,8 @@ def run_impl(torch, flamia, case, impl, args):
             result["peak_mib"] = peak_memory_mib(torch, fn)  # eager (a graph's memory is taken at capture)
             note = ""
             if args.graph and not getattr(fn, "captured", False):
-                # Two attempts: a library's first capture of a call may fail where the next one
-                # succeeds (cuDNN SDPA's training call on the H200, once per process).
+                # Two attempts, the second after more warm-up calls. (cuDNN SDPA's first training-call
+                # capture in a process fails in both: prime_captures takes that one.)
                 for attempt in (1, 2):
                     try:
                         fn = captured(torch, fn, warmup=2 if attempt == 1 else 10)
