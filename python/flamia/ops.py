@@ -156,11 +156,11 @@ def _run_forward(q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolati
 
     o = torch.empty((tokens, q_heads, dim), dtype=torch.bfloat16, device=q.device)
     lse = torch.empty((q_heads, tokens), dtype=torch.float32, device=q.device)
-    options = _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule)
+    numerics = (causal, softmax_scale, isolation, scale_geometry, scale_rule)
+    options = _c_options(*numerics)
     docs = _c_documents(cu_seqlens, max_seqlen)
     with torch.cuda.device(q.device):
-        nbytes = _buffer_bytes(workspace_kind, tokens, q_heads, k.shape[1], dim, docs.num_docs,
-                               (causal, softmax_scale, isolation, scale_geometry, scale_rule))
+        nbytes = _buffer_bytes(workspace_kind, tokens, q_heads, k.shape[1], dim, docs.num_docs, numerics)
         # The caching allocator returns 512-byte aligned blocks (the C API needs 256).
         workspace = torch.empty((nbytes,), dtype=torch.uint8, device=q.device)
         stream = torch.cuda.current_stream(q.device).cuda_stream
@@ -222,11 +222,11 @@ def _run_backward(dout, o, lse, cu_seqlens, max_seqlen, kv_heads, causal, softma
     dq = torch.empty((tokens, q_heads, dim), dtype=torch.bfloat16, device=dout.device)
     dk = torch.empty((tokens, kv_heads, dim), dtype=torch.bfloat16, device=dout.device)
     dv = torch.empty((tokens, kv_heads, dim), dtype=torch.bfloat16, device=dout.device)
-    options = _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule)
+    numerics = (causal, softmax_scale, isolation, scale_geometry, scale_rule)
+    options = _c_options(*numerics)
     docs = _c_documents(cu_seqlens, max_seqlen)
     with torch.cuda.device(dout.device):
-        nbytes = _buffer_bytes(workspace_kind, tokens, q_heads, kv_heads, dim, docs.num_docs,
-                               (causal, softmax_scale, isolation, scale_geometry, scale_rule))
+        nbytes = _buffer_bytes(workspace_kind, tokens, q_heads, kv_heads, dim, docs.num_docs, numerics)
         workspace = torch.empty((nbytes,), dtype=torch.uint8, device=dout.device)
         stream = torch.cuda.current_stream(dout.device).cuda_stream
         launch(o, lse, dout, docs, options, dq, dk, dv, workspace, nbytes, stream)

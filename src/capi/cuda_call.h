@@ -57,7 +57,7 @@ QkvCodePointers qkv_code_pointers(uint8_t* base, const Layout& l) {
                     at(l.q_scales),          at(l.k_scales),          at(l.v_scales),
                     at(l.k_interior_codes),  at(l.v_interior_codes),  at(l.k_interior_codes_t),
                     at(l.v_interior_codes_t), at(l.k_interior_scales), at(l.v_interior_scales)};
-  if (l.k_interior_scales.bytes == 0) {  // no interior codes
+  if (!has_interior_codes(l)) {
     p.k_interior_codes = p.k_codes, p.v_interior_codes = p.v_codes;
     p.k_interior_codes_t = p.k_codes_t, p.v_interior_codes_t = p.v_codes_t;
     p.k_interior_scales = p.k_scales, p.v_interior_scales = p.v_scales;

@@ -89,12 +89,17 @@ struct ForwardWorkspace {
   size_t total = 0;            // a multiple of kWorkspaceAlignment
 };
 
+// Whether a layout (ForwardWorkspace, BackwardWorkspace, SavedCodes) holds interior codes.
+template <class Layout>
+bool has_interior_codes(const Layout& l) {
+  return l.k_interior_scales.bytes != 0;
+}
 // The kernels address K's and V's interior scales with one shift from their other scales: every
 // layout with interior codes takes k_scales, v_scales and k_interior_scales, v_interior_scales as
 // two pairs of adjacent regions of one size. The shift in bytes (0 without interior codes).
 template <class Layout>
 int64_t interior_scales_shift(const Layout& l) {
-  if (l.k_interior_scales.bytes == 0) return 0;
+  if (!has_interior_codes(l)) return 0;
   return int64_t(l.k_interior_scales.offset) - int64_t(l.k_scales.offset);
 }
 
