@@ -5,9 +5,10 @@ kernel records), summed per kernel family over --rounds calls after --warmup cal
 --rounds.
 
 Output: one markdown row per workload, ms per call for each kernel family (quantization of each
-tensor, forward, backward prep, dK dV, dQ, and 'other': every non-flamia kernel the op launches,
-e.g. allocator fills or dtype casts), the kernels' sum and the wall time per call (CUDA events
-around the same calls, so wall - sum is launch gaps and host time).
+tensor, the V fold reference, the work order, forward, backward prep, dK dV, dQ, and 'other':
+every non-flamia kernel the op launches, e.g. allocator fills or dtype casts), the kernels' sum and
+the wall time per call (CUDA events around the same calls, so wall - sum is launch gaps and host
+time).
 
 Usage (repo root, GPU machine, flamia installed):
   python3 bench/kernel_breakdown.py [--pass train] [--workloads 16x4096,longtail] [--rounds 10]
@@ -24,6 +25,7 @@ import workloads as W  # noqa: E402
 FAMILIES = (
     ("quantize", "quantize"),
     ("prefix_max", "v fold ref"),
+    ("build_work_order", "work order"),
     ("forward_kernel", "forward"),
     ("backward_prep", "bwd prep"),
     ("backward_dkdv", "dK dV"),

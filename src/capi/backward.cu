@@ -1,7 +1,7 @@
 // flamia_backward and flamia_backward_saved: validate, carve the caller's workspace, quantize Q, K
 // and V (bitwise the codes the forward used; flamia_backward_saved reads them from the saved codes
-// instead) and dO, build dO's running scale max and D_i, then run the dK dV and dQ kernels, all
-// asynchronously on the caller's stream. No allocation, no host synchronization and no
+// instead) and dO, build dO's running scale max, the work order and D_i, then run the dK dV and dQ
+// kernels, all asynchronously on the caller's stream. No allocation, no host synchronization and no
 // device-to-host copy, so the call can be captured in a CUDA graph.
 #include <cuda_runtime.h>
 
@@ -81,6 +81,7 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   p.dk = dk->data, p.dk_stride_token = dk->stride_token, p.dk_stride_head = dk->stride_head;
   p.dv = dv->data, p.dv_stride_token = dv->stride_token, p.dv_stride_head = dv->stride_head;
   static_cast<cuda::sm90::AttentionShape&>(p) = attention_shape(*q, *k, *docs, *options, numerics);
+  if (CallError e = build_work_order(p, region(ws.work_order), region(ws.work_order_counters), s); !e.ok()) return e;
 
   const std::pair<int (*)(const cuda::sm90::BackwardParams&, void*), const char*> passes[] = {
       {cuda::sm90::launch_backward_prep, "the backward prep kernel (launch_backward_prep)"},

@@ -6,6 +6,7 @@
 
 #include "core/tiling.h"
 #include "cuda/quant/quantize_mxfp8.cuh"
+#include "cuda/schedule/work_order.cuh"
 
 namespace flamia::capi {
 
@@ -89,6 +90,18 @@ cuda::sm90::AttentionShape attention_shape(const flamia_tensor& q, const flamia_
   s.group_scales = numerics.effective_geometry() == ScaleGeometry::kBlock32;
   s.interior_codes = numerics.interior_codes();
   return s;
+}
+
+CallError build_work_order(cuda::sm90::AttentionShape& shape, uint8_t* table, uint8_t* counters, cudaStream_t stream) {
+  auto* const order_table = reinterpret_cast<order::OrderedTile*>(table);
+  if (const cudaError_t err = cuda::launch_build_work_order(shape.cu_seqlens, shape.num_docs, shape.total_tokens,
+                                                            shape.causal, order_table, reinterpret_cast<int*>(counters),
+                                                            stream);
+      err != cudaSuccess)
+    return cuda_error("the work order (launch_build_work_order)", err);
+  shape.work_order = order_table;
+  shape.work_order_tiles = reinterpret_cast<const int*>(counters);  // counter 0 holds the tile count
+  return CallError::success();
 }
 
 }  // namespace flamia::capi

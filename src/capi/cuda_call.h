@@ -1,5 +1,6 @@
 // Device-side helpers shared by the C API entry points (forward.cu, backward.cu): CUDA errors as
-// CallErrors, the sm_90a device check, and quantizing one operand into workspace buffers.
+// CallErrors, the sm_90a device check, quantizing one operand into workspace buffers, and the
+// kernels' problem description and work order.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -79,5 +80,9 @@ float resolved_softmax_scale(const flamia_options& options, int head_dim);
 // every extent fits an int): the same for the forward and the backward call.
 cuda::sm90::AttentionShape attention_shape(const flamia_tensor& q, const flamia_tensor& k, const flamia_documents& docs,
                                            const flamia_options& options, const NumericsOptions& numerics);
+
+// Builds the attention kernels' work order (core/work_order.h) of shape's documents on stream, into
+// a workspace's work_order (table) and work_order_counters (scratch) regions, and points shape at it.
+CallError build_work_order(cuda::sm90::AttentionShape& shape, uint8_t* table, uint8_t* counters, cudaStream_t stream);
 
 }  // namespace flamia::capi

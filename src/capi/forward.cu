@@ -1,7 +1,7 @@
 // flamia_forward and flamia_forward_train: validate, carve the caller's workspace (and saved codes
-// buffer), quantize Q, K and V, build the V fold reference, then run the Hopper forward kernel, all
-// asynchronously on the caller's stream. No allocation, no host synchronization and no
-// device-to-host copy, so the call can be captured in a CUDA graph.
+// buffer), quantize Q, K and V, build the V fold reference and the work order, then run the Hopper
+// forward kernel, all asynchronously on the caller's stream. No allocation, no host synchronization
+// and no device-to-host copy, so the call can be captured in a CUDA graph.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -70,6 +70,7 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   p.lse = lse;
   p.work_counter = reinterpret_cast<int*>(region(ws.work_counter));
   static_cast<cuda::sm90::AttentionShape&>(p) = attention_shape(*q, *k, *docs, *options, numerics);
+  if (CallError e = build_work_order(p, region(ws.work_order), region(ws.work_order_counters), s); !e.ok()) return e;
   cudaError_t err = static_cast<cudaError_t>(cuda::sm90::launch_forward(p, stream));
   if (err == cudaSuccess) err = cudaGetLastError();
   if (err != cudaSuccess) return cuda_error("the forward kernel (launch_forward)", err);

@@ -10,6 +10,7 @@
 
 #include "core/documents.h"
 #include "core/operand_layout.h"
+#include "core/work_order.h"
 #include "reference/mxfp8_route.h"
 
 namespace flamia::capi {
@@ -325,6 +326,13 @@ class RegionCarver {
   size_t at_ = 0;
 };
 
+// The work order's table and its builder's scratch (core/work_order.h), in either workspace.
+template <class Workspace>
+void take_work_order(RegionCarver& c, int64_t tokens, int64_t num_docs, Workspace& w) {
+  w.work_order = c.take(size_t(order::table_entries(tokens, num_docs)) * sizeof(order::OrderedTile));
+  w.work_order_counters = c.take(size_t(order::cost_counters(tokens)) * sizeof(int32_t));
+}
+
 }  // namespace
 
 ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
@@ -346,6 +354,7 @@ ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64
   w.v_interior_scales = c.take_if(interior, t * hkv);
   w.v_fold_ref = c.take(t * hkv);
   w.work_counter = c.take(sizeof(int32_t));
+  take_work_order(c, tokens, num_docs, w);
   w.total = c.total();
   return w;
 }
@@ -402,6 +411,7 @@ BackwardWorkspace backward_workspace_layout(int64_t tokens, int64_t q_heads, int
   w.g_scale_prefix_max = c.take(t * hq);
   w.delta = c.take(t * hq * sizeof(float));
   w.work_counter = c.take(sizeof(int32_t));
+  take_work_order(c, tokens, num_docs, w);
   w.total = c.total();
   return w;
 }

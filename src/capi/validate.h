@@ -86,6 +86,8 @@ struct ForwardWorkspace {
   WorkspaceRegion v_interior_codes_t, k_interior_scales, v_interior_scales;
   WorkspaceRegion v_fold_ref;  // UE8M0 [T, Hkv]: running max of V's scales within the document
   WorkspaceRegion work_counter;  // int32: the persistent forward kernel's item counter
+  WorkspaceRegion work_order;    // order::OrderedTile [order::table_entries(T, num_docs)] (core/work_order.h)
+  WorkspaceRegion work_order_counters;  // int32 [order::cost_counters(T)]: the work order builder's scratch
   size_t total = 0;            // a multiple of kWorkspaceAlignment
 };
 
@@ -134,6 +136,8 @@ struct BackwardWorkspace {
   WorkspaceRegion g_scale_prefix_max;                      // UE8M0 [T, Hq]
   WorkspaceRegion delta;                                   // FP32 [Hq, T]: D_i
   WorkspaceRegion work_counter;                            // int32: the persistent kernels' item counter
+  WorkspaceRegion work_order;                              // as the forward's: the items' order, and
+  WorkspaceRegion work_order_counters;                     // its builder's scratch
   size_t total = 0;                                        // a multiple of kWorkspaceAlignment
 };
 

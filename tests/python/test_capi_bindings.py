@@ -70,8 +70,12 @@ def test_training_pair_sizes():
     slots = STEP * ((T + STEP - 1) // STEP + 5)
     codes = T * D * (HQ + 2 * HKV) + (HQ + 2 * HKV) * D * slots + T * (HQ + 2 * HKV)
     assert codes <= saved <= codes + 256 * 9
-    # V's running scale max and the forward kernel's work counter (one 256-byte region) alone
-    assert fwd_train == -(-T * HKV // 256) * 256 + 256
+    # V's running scale max, the forward kernel's work counter (one 256-byte region) and the work
+    # order (an 8-byte entry per 128-token tile slot, a 4-byte counter per cost 0 .. ceil(T / 128))
+    # alone
+    tiles = -(-T // 128)
+    work_order = -(-(tiles + 5) * 8 // 256) * 256 + -(-(tiles + 1) * 4 // 256) * 256
+    assert fwd_train == -(-T * HKV // 256) * 256 + 256 + work_order
     assert fwd_train < fwd and bwd_saved < bwd
     assert bwd - bwd_saved + HKV * D * slots <= saved <= bwd - bwd_saved + HKV * D * slots + 256 * 9
     with pytest.raises(_capi.FlamiaError) as info:

@@ -4,10 +4,16 @@
 
 #include <cstdint>
 
+#include "core/work_order.h"
+
 namespace flamia::cuda::sm90 {
 
 struct AttentionShape {
   const int32_t* cu_seqlens;  // [num_docs + 1] on the device
+  // The items' tiles, costliest first (core/work_order.h; built on the stream before the kernels),
+  // and how many there are (the table's entries before the idle ones).
+  const order::OrderedTile* work_order;
+  const int* work_order_tiles;
   int num_docs, total_tokens;
   int q_heads, kv_heads, head_dim;
   float softmax_scale;  // already resolved (never 0)

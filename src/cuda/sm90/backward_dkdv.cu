@@ -387,16 +387,28 @@ __device__ __forceinline__ void produce_steps(const DkdvArgs& args, const DkdvWo
   }
 }
 
-// Work item `item` of the launch's key slots x KV heads (head-major), found by a whole warp; false
-// for an idle slot. The first key tiles of a document (the most queries see them,
-// causal) come first.
-__device__ __forceinline__ bool find_work(const BackwardParams& p, int item, int tile_slots, DkdvWork& w) {
+// Work item `item`, found by a whole warp; false for an idle slot. The grid schedule numbers its
+// items as the grid's key tile slots x KV heads (head-major; within a document the first key tiles,
+// the costliest causal, first). The persistent schedule takes them in the work order of
+// core/work_order.h (the entries before the idle ones x KV heads, head-major: each head's
+// costliest key tiles over all documents first): on the short documents that run it (8192+224x256:
+// dK dV -5%, H200, session 24). The grid schedule keeps the slot order: there the work order made
+// the equal-length rows 2.5-4% slower (16x4096, 8x8192), with 16 documents' Q and dO in flight at
+// once where the slot order has a few.
+static_assert(kKeyRows == order::kWorkTile, "an item's keys are one tile of the work order");
+template <bool kPersistent>
+__device__ __forceinline__ bool find_work(const BackwardParams& p, int item, int items_per_head, DkdvWork& w) {
   DocumentTile tile;
-  if (!document_tile_warp(p.cu_seqlens, p.num_docs, p.total_tokens, kKeyRows, item % tile_slots, tile)) return false;
+  const bool found = kPersistent
+                         ? ordered_tile<TileFrom::kEnd>(p.work_order, p.cu_seqlens, p.total_tokens,
+                                                        item % items_per_head, tile)
+                         : document_tile_warp(p.cu_seqlens, p.num_docs, p.total_tokens, kKeyRows,
+                                              item % items_per_head, tile);
+  if (!found) return false;
   w.d = tile.span;
   w.doc = tile.doc;
   w.k0 = tile.tile * kKeyRows;
-  w.kvh = item / tile_slots;
+  w.kvh = item / items_per_head;
   const int group = p.q_heads / p.kv_heads;
   // gamma: each head's running max of dO's scale exponents at the document's last token; UE8M0
   // bytes order like exponents, NaN (0xFF) the largest.
@@ -445,12 +457,12 @@ __device__ __forceinline__ void publish_item(const DkdvArgs& args, const DkdvWor
 template <int D, int kKeyBuffers, bool kInteriorCodes>
 __device__ __forceinline__ void produce_items(const DkdvArgs& args, DkdvShared<D, kKeyBuffers>& sm) {
   const BackwardParams& p = args.p;
-  const int tile_slots = int(slots::slot_count(p.total_tokens, p.num_docs, kKeyRows));
   const bool streamed = run_as_tile_streamer([&](auto streamer) {
     if constexpr (decltype(streamer)::value == 0) {
+      const int tiles = __ldg(p.work_order_tiles);
       produce_work_items<DkdvWork>(
-          p.work_counter, tile_slots * p.kv_heads, sm.keys_ring, sm.info,
-          [&](int item, DkdvWork& w) { return find_work(p, item, tile_slots, w); },
+          p.work_counter, tiles * p.kv_heads, sm.keys_ring, sm.info,
+          [&](int item, DkdvWork& w) { return find_work<true>(p, item, tiles, w); },
           [&](const DkdvWork& w, int n) { publish_item(args, w, n, sm); },
           [&](const DkdvWork&, int n, int step_uses) {
             // The item as lane 0 stored it, read from shared memory at each step rather than held
@@ -622,7 +634,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid
     // One item per CTA (launch_over_tile_slots: blockIdx.x its key tile slot, blockIdx.y its KV
     // head), found by every warp; an idle slot's CTA leaves before any barrier.
     DkdvWork w;
-    if (!find_work(args.p, int(blockIdx.y * gridDim.x + blockIdx.x), int(gridDim.x), w)) return;
+    if (!find_work<false>(args.p, int(blockIdx.y * gridDim.x + blockIdx.x), int(gridDim.x), w)) return;
     run_roles<Schedule::kProducerRegisters, Schedule::kConsumerRegisters, kStreamerRoleWarps>(
         init,
         [&] {
@@ -671,7 +683,7 @@ int launch_backward_dkdv(const BackwardParams& p, void* stream) {
     if (e != cudaSuccess) return e;
     const auto cuda_stream = static_cast<cudaStream_t>(stream);
     if (dkdv_runs_persistent(p.total_tokens, p.num_docs)) {
-      const int64_t items = slots::slot_count(p.total_tokens, p.num_docs, kKeyRows) * p.kv_heads;
+      const int64_t items = order::table_entries(p.total_tokens, p.num_docs) * p.kv_heads;
       if (p.interior_codes)
         return launch_persistent(backward_dkdv_kernel<D, true, false, true>, args, kDkdvSharedBytes<D, true>, kThreads,
                                  items, p.work_counter, cuda_stream);

@@ -1,4 +1,5 @@
-// Backward pass 3: dQ. A work item (document tile slot of 128 queries, query head) owns those rows'
+// Backward pass 3: dQ. A work item (tile of 128 queries of one document, query head; in the work
+// order of core/work_order.h, as the forward's) owns those rows'
 // dQ and walks the 128-key tiles (counted from the document start, tiling::kBwdKeyTile) that its
 // rows see; persistent like the forward (one CTA per SM takes items in turn, work_items.cuh). Per
 // key tile:
@@ -308,12 +309,13 @@ __device__ __forceinline__ void produce(const DqArgs& args, DqShared<D>& sm) {
   if (streamed) return;
   const BackwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
-  const int tile_slots = int(slots::slot_count(p.total_tokens, p.num_docs, kQueryRows));
+  static_assert(kQueryRows == order::kWorkTile, "an item's rows are one tile of the work order");
+  const int tiles = __ldg(p.work_order_tiles);
   publish_work_items<DqWork>(
-      p.work_counter, tile_slots * p.q_heads, sm.rows_ring, sm.info,
+      p.work_counter, tiles * p.q_heads, sm.rows_ring, sm.info,
       [&](int item, DqWork& w) {
         QueryTileItem it;
-        if (!find_query_tile_item(p, item, tile_slots, kQueryRows, it)) return false;
+        if (!find_query_tile_item(p, item, tiles, it)) return false;
         w.d = it.span;
         w.doc = it.doc;
         w.q0 = it.q0;
@@ -460,7 +462,7 @@ int launch_backward_dq(const BackwardParams& p, void* stream) {
       args.v_map[1] = args.v_map[0];
       args.kt_map[1] = args.kt_map[0];
     }
-    const int64_t items = slots::slot_count(p.total_tokens, p.num_docs, kQueryRows) * p.q_heads;
+    const int64_t items = order::table_entries(p.total_tokens, p.num_docs) * p.q_heads;
     const bool turns = consumers_take_turns(p.group_scales || p.interior_codes, p.total_tokens, p.num_docs);
     const auto kernel = p.interior_codes
                             ? (turns ? backward_dq_kernel<D, true, true> : backward_dq_kernel<D, false, true>)

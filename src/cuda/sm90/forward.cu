@@ -1,7 +1,7 @@
 // MXFP8 attention forward on Hopper: FP8 wgmma (m64nNk32 e4m3), warp-specialized and persistent.
-// A work item is a (document tile slot of 128 queries, query head), tile slots as in
-// core/document_slots.h; one CTA per SM takes items in turn from a counter (launch.cuh's
-// launch_persistent). A CTA has three warpgroups:
+// A work item is a (tile of 128 queries of one document, query head), in the work order of
+// core/work_order.h (each head's costliest tiles first); one CTA per SM takes items in turn from a
+// counter (launch.cuh's launch_persistent). A CTA has three warpgroups:
 //   - warpgroup 0 is the producer: one warp finds each item's document, loads its Q tile (into one
 //     of two buffers, so the next item's Q lands while this one runs) with its rows' scale bytes,
 //     and then each key tile (K rows and V^T, written transposed and key-permuted by the quantizer)
@@ -177,11 +177,11 @@ __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const
   }
 }
 
-// Work item `item` (work_items.cuh's query tile items), found by the whole producer warp; false for
-// an idle slot.
-__device__ __forceinline__ bool find_work(const ForwardParams& p, int item, int tile_slots, CtaWork& w) {
+// Work item `item` (work_items.cuh's query tile items), found by the whole producer warp.
+static_assert(kQueryRows == order::kWorkTile, "an item's rows are one tile of the work order");
+__device__ __forceinline__ bool find_work(const ForwardParams& p, int item, int tiles, CtaWork& w) {
   QueryTileItem it;
-  if (!find_query_tile_item(p, item, tile_slots, kQueryRows, it)) return false;
+  if (!find_query_tile_item(p, item, tiles, it)) return false;
   w.doc = it.doc;
   w.doc_begin = it.span.begin;
   w.doc_end = it.span.end;
@@ -224,10 +224,10 @@ __device__ __forceinline__ void produce(const ForwardArgs& args, SharedTiles<D>&
   if (streamed) return;
   const ForwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
-  const int tile_slots = int(slots::slot_count(p.total_tokens, p.num_docs, kQueryRows));
+  const int tiles = __ldg(p.work_order_tiles);
   publish_work_items<CtaWork>(
-      p.work_counter, tile_slots * p.q_heads, sm.q_ring, sm.info,
-      [&](int item, CtaWork& w) { return find_work(p, item, tile_slots, w); },
+      p.work_counter, tiles * p.q_heads, sm.q_ring, sm.info,
+      [&](int item, CtaWork& w) { return find_work(p, item, tiles, w); },
       [&](const CtaWork& w, int n) {
         QueryTileInfo& info = sm.info[sm.q_ring.stage(n)];
         if (lane == 0) {
@@ -706,7 +706,7 @@ int launch_forward(const ForwardParams& p, void* stream) {
         e = transposed_form_map(args.vt_map[1], p.v_interior_codes_t, p.vt_pitch, p.kv_heads, D, kKeyTile);
     }
     if (e != cudaSuccess) return e;
-    const int64_t items = slots::slot_count(p.total_tokens, p.num_docs, kQueryRows) * p.q_heads;
+    const int64_t items = order::table_entries(p.total_tokens, p.num_docs) * p.q_heads;
     const bool turns = consumers_take_turns(p.group_scales || p.interior_codes, p.total_tokens, p.num_docs);
     const auto kernel = p.interior_codes ? (turns ? forward_kernel<D, true, true> : forward_kernel<D, false, true>)
                                          : (turns ? forward_kernel<D, true, false> : forward_kernel<D, false, false>);

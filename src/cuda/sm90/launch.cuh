@@ -35,6 +35,8 @@ cudaError_t launch_over_tile_slots(void (*kernel)(Args), const Args& args, size_
 // each CTA pays its start-up once and loads its next item while it finishes the last. (A kernel
 // written this way also runs as an ordinary grid of one CTA per item: its first claim ends it.)
 // The counter is zeroed on the stream before the launch (graph capture records a memset node).
+// `items` bounds the CTAs only: a kernel may stop sooner, at a count it reads on the device (the
+// work order's tiles x heads, core/work_order.h).
 template <class Args>
 cudaError_t launch_persistent(void (*kernel)(Args), const Args& args, size_t smem_bytes, int threads, int64_t items,
                               int* counter, cudaStream_t stream) {

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "cuda/document_span.cuh"
+#include "cuda/schedule/work_order.cuh"
 #include "cuda/sm90/attention_shape.h"
 #include "cuda/sm90/tma.cuh"
 
@@ -123,9 +124,9 @@ struct StreamerShare {
   static_assert(kCount * kTileStreamers == kPerLane, "the streamers split each lane's values evenly");
 };
 
-// A (query tile slot, query head) item of the slots x heads numbering (head-major: consecutive
-// items share a head's K and V), as the forward and dQ use it: tiles of `rows` queries, the last
-// (costliest, causal) tile of a document first. Found by a whole warp; false for an idle slot.
+// A (work order entry, query head) item of the tiles x heads numbering (core/work_order.h;
+// head-major: consecutive items share a head's K and V), as the forward and dQ use it: tiles of
+// order::kWorkTile queries, each head's costliest first. Found by a whole warp.
 struct QueryTileItem {
   DocumentSpan span;
   int doc, q0, head, kvh;
@@ -135,14 +136,15 @@ struct QueryTileItem {
     return ((causal ? min(q0 + rows, span.len) : span.len) - 1) / key_tile + 1;
   }
 };
-__device__ __forceinline__ bool find_query_tile_item(const AttentionShape& p, int item, int tile_slots, int rows,
+// tiles: the work order's tiles (*p.work_order_tiles), the items per head.
+__device__ __forceinline__ bool find_query_tile_item(const AttentionShape& p, int item, int tiles,
                                                      QueryTileItem& out) {
   DocumentTile tile;
-  if (!document_tile_warp(p.cu_seqlens, p.num_docs, p.total_tokens, rows, item % tile_slots, tile)) return false;
+  if (!ordered_tile<TileFrom::kStart>(p.work_order, p.cu_seqlens, p.total_tokens, item % tiles, tile)) return false;
   out.span = tile.span;
   out.doc = tile.doc;
-  out.q0 = (tile.tiles - 1 - tile.tile) * rows;
-  out.head = item / tile_slots;
+  out.q0 = tile.tile * order::kWorkTile;
+  out.head = item / tiles;
   out.kvh = out.head / (p.q_heads / p.kv_heads);
   return true;
 }
