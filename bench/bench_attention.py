@@ -159,15 +159,9 @@ class Case:
         self.train = train
         self.flops = W.forward_flops(self.lens, self.hq, self.d) * (TRAIN_FLOP_FACTOR if train else 1.0)
         self.scale = 1.0 / math.sqrt(self.d)
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        self.q = torch.randn(self.t, self.hq, self.d, generator=g, device="cuda", dtype=torch.bfloat16)
-        self.k = torch.randn(self.t, self.hkv, self.d, generator=g, device="cuda", dtype=torch.bfloat16)
-        self.v = torch.randn(self.t, self.hkv, self.d, generator=g, device="cuda", dtype=torch.bfloat16)
-        self.dout = torch.randn(self.t, self.hq, self.d, generator=g, device="cuda", dtype=torch.bfloat16)
-        if train:  # views taken by the setups below then carry gradients back to these leaves
-            for t in (self.q, self.k, self.v):
-                t.requires_grad_(True)
-        self.cu = torch.tensor(W.cu_seqlens(self.lens), dtype=torch.int32, device="cuda")
+        # With train, views taken by the setups below carry gradients back to these leaves.
+        self.q, self.k, self.v, self.dout, self.cu = W.workload_inputs(torch, workload, requires_grad=train,
+                                                                       seed=seed)
         self.equal = W.equal_lengths(self.lens)
         self.reference_o = None  # flamia's output (o, or dq when training), for the cosine checks
 

@@ -58,13 +58,8 @@ def parse_args(argv):
 
 
 def probe(torch, flamia, name, train, path, args):
-    w = W.WORKLOADS[name]
-    lens = w["lens"]
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(W.TOTAL, h, W.HEAD_DIM, generator=g, device="cuda", dtype=torch.bfloat16).requires_grad_(train)
-               for h in (W.Q_HEADS, W.kv_heads(w), W.kv_heads(w)))
-    dout = torch.randn_like(q)
-    cu = torch.tensor(W.cu_seqlens(lens), dtype=torch.int32, device="cuda")
+    lens = W.WORKLOADS[name]["lens"]
+    q, k, v, dout, cu = W.training_inputs(torch, name, requires_grad=train)
 
     scale = 1.0 / W.HEAD_DIM ** 0.5
     op_args = (cu, max(lens), True, scale, "document", "block32", "ceil")

@@ -76,9 +76,14 @@ def cu_seqlens(lens):
 def training_inputs(torch, name, requires_grad=True, seed=0):
     """q, k, v [T, H, D] and dO [T, Hq, D] of workload `name` (BF16, standard normal, on the GPU,
     drawn in this order from one generator seeded with `seed`) and its cu_seqlens (int32): the
-    inputs of the per-kernel breakdown, the Nsight Compute profile and the build comparison. torch
-    is passed in, so that this module imports without it."""
-    w = WORKLOADS[name]
+    inputs of the benchmark, the per-kernel breakdown, the host-time probe, the Nsight Compute
+    profile and the build comparison. torch is passed in, so that this module imports without it."""
+    return workload_inputs(torch, WORKLOADS[name], requires_grad, seed)
+
+
+def workload_inputs(torch, w, requires_grad=True, seed=0):
+    """training_inputs of a workload given as its dict (lens, and hkv where not Q_HEADS): also
+    shapes that are none of the nine (the benchmark's capture primer)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (torch.randn(TOTAL, h, HEAD_DIM, generator=g, device="cuda", dtype=torch.bfloat16)
                .requires_grad_(requires_grad) for h in (Q_HEADS, kv_heads(w), kv_heads(w)))

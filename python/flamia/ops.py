@@ -276,6 +276,14 @@ def _attention_backward_fake(dout, q, k, v, o, lse, cu_seqlens, max_seqlen, caus
             v.new_empty(v.shape, dtype=torch.bfloat16))
 
 
+def _saved_codes_bytes(q, k, num_docs, numerics):
+    """The saved codes buffer's size (flamia_saved_codes_size) for q [T, Hq, D], k [T, Hkv, D] and
+    the call's numerics tuple (as _buffer_bytes takes it)."""
+    tokens, q_heads, dim = q.shape
+    return _buffer_bytes("saved_codes", int(tokens), int(q_heads), int(k.shape[1]), int(dim), int(num_docs),
+                         numerics)
+
+
 def _forward_train_impl(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -291,11 +299,10 @@ def _forward_train_impl(
     """attention_forward that also returns q, k and v's MXFP8 codes (a uint8 buffer, flamia_forward_train's
     saved codes) for attention_backward_saved: (o, lse, saved_codes)."""
     saved = []
+    numerics = (causal, softmax_scale, isolation, scale_geometry, scale_rule)
 
     def launch(q, k, v, docs, options, o, lse, workspace, nbytes, stream):
-        tokens, q_heads, dim = q.shape
-        saved_bytes = _buffer_bytes("saved_codes", tokens, q_heads, k.shape[1], dim, docs.num_docs,
-                                    (causal, softmax_scale, isolation, scale_geometry, scale_rule))
+        saved_bytes = _saved_codes_bytes(q, k, docs.num_docs, numerics)
         saved.append(torch.empty((saved_bytes,), dtype=torch.uint8, device=q.device))
         _capi.forward_train(_descriptor(q), _descriptor(k), _descriptor(v), docs, options, _descriptor(o),
                             lse.data_ptr(), saved[0].data_ptr(), saved_bytes, workspace.data_ptr(), nbytes, stream)
@@ -314,9 +321,8 @@ def _attention_forward_train_fake(q, k, v, cu_seqlens, max_seqlen, causal, softm
                                   scale_rule):
     _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
     tokens, q_heads, dim = q.shape
-    saved_bytes = _buffer_bytes("saved_codes", int(tokens), int(q_heads), int(k.shape[1]), int(dim),
-                                int(cu_seqlens.shape[0]) - 1, (causal, softmax_scale, isolation, scale_geometry,
-                                                               scale_rule))
+    saved_bytes = _saved_codes_bytes(q, k, cu_seqlens.shape[0] - 1,
+                                     (causal, softmax_scale, isolation, scale_geometry, scale_rule))
     return (q.new_empty((tokens, q_heads, dim), dtype=torch.bfloat16),
             q.new_empty((q_heads, tokens), dtype=torch.float32), q.new_empty((saved_bytes,), dtype=torch.uint8))
 
