@@ -15,11 +15,12 @@
 // one head's K and V, which then stay in L2. Items of equal cost take no fixed order among
 // themselves (the builder ranks them with atomics): the schedule, never the results, may differ
 // between runs, as which SM takes which item already does.
-// Who uses it (H200, session 24, against the document-major slot order): the forward (-2% on
-// 16x4096 and 8x8192, -6% on longtail) and dQ (-2.5%, -1.6%, -4%; +4% on tiny-unaligned), and dK
-// dV's persistent schedule (short documents; -5% on 8192+224x256). dK dV's grid schedule keeps the
-// slot order: with this one the equal-length rows were 2.5-4% slower (each of its items reads its
-// document's Q and dO from its key tile on; a head's items in flight then span all documents).
+// Who uses it (H200, session 24, against the document-major slot order; docs/KERNELS.md): the
+// forward (-1.8% on 16x4096, -3% on 8x8192 and longtail) and dQ (-2.0%, -2.8%, -4%; +1.3% on
+// tiny-unaligned), and dK dV's persistent schedule (short documents; -5.5% on 8192+224x256). dK
+// dV's grid schedule keeps the slot order: with this one the equal-length rows were 2.5-4% slower
+// (each of its items reads its document's Q and dO from its key tile on; a head's items in flight
+// then span all documents).
 #pragma once
 
 #include <cstdint>
