@@ -28,6 +28,7 @@
 #include "core/documents.h"
 #include "core/operand_layout.h"
 #include "core/tiling.h"
+#include "cuda/block_scan.cuh"
 #include "cuda/document_span.cuh"
 #include "formats/minifloat.h"
 #include "formats/scales.h"
@@ -319,41 +320,24 @@ __global__ void __launch_bounds__(kThreads)
     prefix_max_scales_kernel(const uint8_t* __restrict__ scales, int total_tokens, int heads,
                              const int32_t* __restrict__ cu_seqlens, int num_docs, uint8_t* __restrict__ prefix_max) {
   static_assert(formats::kUe8m0NaN == 0xFF, "NaN must be the largest UE8M0 byte");
-  static_assert(kThreads % 32 == 0 && kThreads / 32 <= 32, "one warp scans the warp totals");
   __shared__ uint32_t warp_total[kThreads / 32];
-  const int h = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __shared__ uint32_t chunk_max;
+  const int h = blockIdx.y;
+  const auto byte_max = [](uint32_t a, uint32_t b) { return max(a, b); };
   for (int doc = blockIdx.x; doc < num_docs; doc += gridDim.x) {
     const DocumentSpan d = document_span(cu_seqlens, doc, total_tokens);
     uint32_t carry = 0;
     for (int p0 = 0; p0 < d.len; p0 += kThreads) {
       const int p = p0 + int(threadIdx.x);
       const int64_t at = int64_t(d.begin + p) * heads + h;
-      uint32_t v = p < d.len ? uint32_t(__ldg(scales + at)) : 0u;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {  // inclusive scan within the warp
-        const uint32_t up = __shfl_up_sync(0xffffffffu, v, o);
-        if (lane >= o) v = max(v, up);
-      }
-      if (lane == 31) warp_total[warp] = v;
-      __syncthreads();
-      if (warp == 0) {  // exclusive scan of the warp totals, in place
-        uint32_t t = lane < kThreads / 32 ? warp_total[lane] : 0u;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-          const uint32_t up = __shfl_up_sync(0xffffffffu, t, o);
-          if (lane >= o) t = max(t, up);
-        }
-        const uint32_t before = __shfl_up_sync(0xffffffffu, t, 1);
-        if (lane < kThreads / 32) warp_total[lane] = lane == 0 ? 0u : before;
-      }
-      __syncthreads();
-      v = max(max(v, warp_total[warp]), carry);
+      const uint32_t v = max(block_inclusive_scan<kThreads>(p < d.len ? uint32_t(__ldg(scales + at)) : 0u, 0u,
+                                                            byte_max, warp_total),
+                             carry);
       if (p < d.len) prefix_max[at] = uint8_t(v);
       __syncthreads();  // every thread has read warp_total; the last one now passes the chunk's max on
-      if (threadIdx.x == kThreads - 1) warp_total[0] = v;
+      if (threadIdx.x == kThreads - 1) chunk_max = v;
       __syncthreads();
-      carry = warp_total[0];
-      __syncthreads();
+      carry = chunk_max;
     }
   }
 }

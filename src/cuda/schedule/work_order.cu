@@ -9,49 +9,32 @@
 // an item with one table load instead of a document search.
 #include <cuda_runtime.h>
 
+#include "cuda/block_scan.cuh"
 #include "cuda/schedule/work_order.cuh"
 
 namespace flamia::cuda {
 namespace {
 
 constexpr int kThreads = 1024;
-constexpr int kWarps = kThreads / 32;
 
 // a[i] = the sum of a[j] for j > i, over a[0 .. n), by the whole block, in chunks of kThreads from
-// the top (thread t of a chunk holds index top - 1 - t, so an ascending scan over the threads is a
-// descending one over the indices).
+// the top (thread t of a chunk holds index top - 1 - t, so a scan in thread order is a descending
+// one over the indices).
 __device__ void exclusive_suffix_sum(int* a, int n) {
-  __shared__ int warp_totals[kWarps];
-  __shared__ int carry;  // the sum of the chunks above this one
-  const int t = int(threadIdx.x), lane = t % 32, warp = t / 32;
-  if (t == 0) carry = 0;
-  __syncthreads();
+  __shared__ int warp_totals[kThreads / 32];
+  __shared__ int chunk_total;
+  const int t = int(threadIdx.x);
+  const auto plus = [](int x, int y) { return x + y; };
+  int carry = 0;  // the sum of the chunks above this one
   for (int top = n; top > 0; top -= kThreads) {
     const int i = top - 1 - t;
     const int x = i >= 0 ? a[i] : 0;
-    int sum = x;  // inclusive over this warp's threads up to t
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int y = __shfl_up_sync(0xffffffffu, sum, d);
-      if (lane >= d) sum += y;
-    }
-    if (lane == 31) warp_totals[warp] = sum;
-    __syncthreads();
-    if (warp == 0) {
-      int w = warp_totals[lane];
-#pragma unroll
-      for (int d = 1; d < 32; d *= 2) {
-        const int y = __shfl_up_sync(0xffffffffu, w, d);
-        if (lane >= d) w += y;
-      }
-      warp_totals[lane] = w;  // inclusive over the warps
-    }
-    __syncthreads();
-    const int inclusive = sum + (warp > 0 ? warp_totals[warp - 1] : 0) + carry;
+    const int inclusive = block_inclusive_scan<kThreads>(x, 0, plus, warp_totals) + carry;
     if (i >= 0) a[i] = inclusive - x;
-    __syncthreads();  // every thread has read carry and warp_totals
-    if (t == kThreads - 1) carry = inclusive;
+    __syncthreads();  // every thread has read warp_totals; the last one now passes the total on
+    if (t == kThreads - 1) chunk_total = inclusive;
     __syncthreads();
+    carry = chunk_total;
   }
 }
 
