@@ -530,6 +530,7 @@ def run_impl(torch, flamia, case, impl, args):
             if args.graph and not getattr(fn, "captured", False):
                 # Two attempts, the second after more warm-up calls. (cuDNN SDPA's first training-call
                 # capture in a process fails in both: prime_captures takes that one.)
+                failure = None  # the last attempt's error
                 for attempt in (1, 2):
                     try:
                         fn = captured(torch, fn, warmup=2 if attempt == 1 else 10)
