@@ -273,11 +273,8 @@ __device__ __forceinline__ void rescale_output(float (&o_acc)[N], const float (&
 // With kSkipUnseenSpans, keys come in spans of kSpanKeys, and a span that no row of the warp sees
 // (on the diagonal tile the keys after the warp's last row, the keys past the document end) skips
 // the exponentials: its P~ is 0 and it adds nothing to l, exactly what the element path gives it
-// (its max is -inf either way). The kernel instances with turns and per-token codes (the default's
-// on long documents) go without: with it their tile loop compiled to other code and the forward
-// measured 0.6-1.1% slower on 8x8192 and 4x16384 (no faster at 16x4096), where the instances
-// without turns got 2.7% faster on tiny-unaligned and those of prefix isolation 2.2-2.8% (session
-// 25, device call 4; the first pass skipping unseen spans too spilled in every instance).
+// (its max is -inf either way). (The first pass skipping unseen spans as well spilled in every
+// instance; which instances skip: consume_items' kLeanSteps.)
 constexpr int kSpanKeys = 16;  // a warp's rows: on the diagonal tile consumer c's warp w sees spans 0 .. 4c + w
 constexpr int kSpans = kKeyTile / kSpanKeys, kBlocksPerSpan = kSpanKeys / 8;
 __device__ __forceinline__ void skip_span(float (&s)[kKeyTile / 2], int span) {
@@ -541,26 +538,37 @@ __device__ __forceinline__ ItemRows item_rows(const ForwardParams& p, const CtaW
   return it;
 }
 
-// Tile i's softmax of item `it` on S_i (waited for), leaving its P operand values in s and O's
-// rescale factors in alpha. A tile is interior when every key is visible to every row: inside the
-// document and, causal, at or before the CTA's first row. Only visible keys enter the running max,
-// so it never looks past a row.
-// With kInteriorCodes the interior tiles that read the interior codes take the grouped arithmetic,
-// the others (the frontier's, per-token codes) the per-key one. kSkipUnseenSpans: see masked_tile.
+// The softmax of an interior tile (every key visible to every row) of item `it` on S_i (waited for),
+// leaving its P operand values in s and O's rescale factors in alpha. With kInteriorCodes the tiles
+// that read the interior codes take the grouped arithmetic, the others (the frontier's, per-token
+// codes) the per-key one.
+template <int D, bool kInteriorCodes>
+__device__ __forceinline__ void interior_softmax(const ForwardParams& p, const ItemRows& it,
+                                                 const KeyTileStage<D>& st, int i, float (&s)[kKeyTile / 2],
+                                                 float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+  fence_accumulators(s);
+  if (kInteriorCodes ? tile_codes<true>(i) == 1 : p.group_scales)
+    interior_tile_grouped(s, st, it.q_factor, it.row_pow, m, l, alpha);
+  else interior_tile(s, st, it.q_factor, it.row_pow, consumer_thread().t, m, l, alpha);
+}
+// Tile i's softmax, masked or interior. A tile is interior when every key is visible to every row:
+// inside the document and, causal, at or before the CTA's first row. Only visible keys enter the
+// running max, so it never looks past a row. Only tile 0 can be masked: it is the diagonal tile
+// (causal; its keys start at the item's first row) or the document's last (not causal), and every
+// tile i >= 1 lies inside the document and, causal, before the item's first row, so the tile loop
+// may run interior_softmax alone (consume_items' kLeanSteps).
 template <int D, bool kInteriorCodes, bool kSkipUnseenSpans>
 __device__ __forceinline__ void tile_softmax(const ForwardParams& p, const ItemRows& it, const KeyTileStage<D>& st,
                                              int i, float (&s)[kKeyTile / 2], float (&m)[2], float (&l)[2],
                                              float (&alpha)[2]) {
-  const int t = consumer_thread().t;
-  fence_accumulators(s);
   const int k0 = key_tile_start(it.w, i);
   if (k0 + kKeyTile <= it.w.len && (!p.causal || k0 + kKeyTile - 1 <= it.w.q0)) {
-    if (kInteriorCodes ? tile_codes<true>(i) == 1 : p.group_scales)
-      interior_tile_grouped(s, st, it.q_factor, it.row_pow, m, l, alpha);
-    else interior_tile(s, st, it.q_factor, it.row_pow, t, m, l, alpha);
-  } else
-    masked_tile<D, kSkipUnseenSpans>(s, st, it.q_factor, it.fold_bias, it.row_pow, it.split_fold, k0, it.w.len,
-                                     p.causal, it.rows, it.row_valid, t, m, l, alpha);
+    interior_softmax<D, kInteriorCodes>(p, it, st, i, s, m, l, alpha);
+    return;
+  }
+  fence_accumulators(s);
+  masked_tile<D, kSkipUnseenSpans>(s, st, it.q_factor, it.fold_bias, it.row_pow, it.split_fold, k0, it.w.len,
+                                   p.causal, it.rows, it.row_valid, consumer_thread().t, m, l, alpha);
 }
 
 // An item's end: full row sums across the 4 lanes of a row, then O and LSE.
@@ -596,7 +604,12 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   const ForwardParams& p = args.p;
   const ConsumerThread me = consumer_thread();
   const int lane = me.lane;
-  constexpr bool kSkipUnseenSpans = !kTurns || kInteriorCodes;  // masked_tile says why
+  // kLeanSteps: tiles i >= 1 take interior_softmax alone (tile_softmax says why) and masked tiles
+  // skip unseen key spans (masked_tile). Measured (session 25, device call 7, against main): forward
+  // kernel tiny-unaligned -3.5%, 8192+224x256 -3.1%, prefix isolation 16x4096 -6.8%, longtail -6.4%,
+  // tiny-unaligned -2.9%; but the instance with turns and per-token codes (the default's on long
+  // documents) +1.2% at 16x4096, +2.6% at 8x8192, +4.2% at 4x16384, so it keeps main's code.
+  constexpr bool kLeanSteps = !kTurns || kInteriorCodes;
   constexpr SmemLayout kRowsLayout = kSwizzleFor<D>, kVtLayout = kSwizzleFor<kKeyTile>;
   float o_acc[D / 2];             // the m64nD accumulator: [n8 block][4] flattened
   float m[2], l[2];               // running max and sum of the item's rows
@@ -642,8 +655,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
     wgmma_wait<0>();
     start_item();
     float alpha[2];
-    // O is still 0: nothing to rescale
-    tile_softmax<D, kInteriorCodes, kSkipUnseenSpans>(p, it, stage(it.key_uses), 0, s, m, l, alpha);
+    tile_softmax<D, kInteriorCodes, kLeanSteps>(p, it, stage(it.key_uses), 0, s, m, l, alpha);  // O is still 0
     pack_a_operand<kKeyTile>(s, pa);
   }
   for (int n = 0;; ++n) {
@@ -656,7 +668,8 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
       turns.end();
       wgmma_wait<1>();  // S_i is done; P.V may still run
       float alpha[2];
-      tile_softmax<D, kInteriorCodes, kSkipUnseenSpans>(p, it, stage(it.key_uses + i), i, s, m, l, alpha);
+      if constexpr (kLeanSteps) interior_softmax<D, kInteriorCodes>(p, it, stage(it.key_uses + i), i, s, m, l, alpha);
+      else tile_softmax<D, kInteriorCodes, false>(p, it, stage(it.key_uses + i), i, s, m, l, alpha);
       wgmma_wait<0>();
       fence_accumulators(o_acc);
       if (lane == 0) sm.ring.arrive_empty(it.key_uses + i - 1);  // this warp is done with tile i-1
@@ -687,8 +700,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
     turns.end();
     wgmma_wait<1>();  // the next item's S_0 is done; this item's last P.V may still run
     float next_m[2] = {-INFINITY, -INFINITY}, next_l[2] = {0.f, 0.f}, alpha[2];
-    // its O is still 0
-    tile_softmax<D, kInteriorCodes, kSkipUnseenSpans>(p, next, stage(next.key_uses), 0, s, next_m, next_l, alpha);
+    tile_softmax<D, kInteriorCodes, kLeanSteps>(p, next, stage(next.key_uses), 0, s, next_m, next_l, alpha);  // O is 0
     wgmma_wait<0>();
     fence_accumulators(o_acc);
     if (lane == 0) sm.ring.arrive_empty(it.key_uses + last);  // the ring runs on into the next item
