@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/operand_layout.h"
 #include "core/tiling.h"
@@ -365,7 +366,11 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, int
   // With kTurns, each of a step's two issues is a turn (tma.cuh).
   float dq_acc[D / 2];
   zero(dq_acc);
-  for (int i = 0; i < w.tiles; ++i) {
+  // Step i; kMaybeMasked: only the item's last tile can be masked (the diagonal one, causal, or the
+  // document's last), every tile before it lies inside the document and, causal, before the item's
+  // first row, so the loop over those runs the interior arithmetic alone.
+  auto step = [&](int i, auto maybe_masked) {
+    constexpr bool kMaybeMasked = decltype(maybe_masked)::value;
     const int k0 = i * kKeyTile, use = key_uses + i;
     const DqKeyStage<D>& st = sm.stage[sm.ring.stage(use)];
     sm.ring.wait_full(use);
@@ -386,7 +391,8 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, int
     // row (inside the document and, causal, at or before the CTA's first row; rows past the
     // document end compute values that are never stored, and rows do not mix in dQ = U.K).
     float amax[2] = {0.f, 0.f};
-    const bool interior = k0 + kKeyTile <= d.len && (!p.causal || k0 + kKeyTile - 1 <= w.q0);
+    const bool interior =
+        !kMaybeMasked || (k0 + kKeyTile <= d.len && (!p.causal || k0 + kKeyTile - 1 <= w.q0));
     if (interior) {  // with kInteriorCodes, grouped where the tile reads the interior codes
       if (kInteriorCodes ? tile_codes<true>(w, i) == 1 : p.group_scales) interior_u_grouped(s, e, st, rw, amax);
       else interior_u(s, e, st, rw, t, amax);
@@ -409,7 +415,9 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, int
     fence_accumulators(dq_tile);
     if (lane == 0) sm.ring.arrive_empty(use);  // this warp is done with the tile
     add_scaled_rows(dq_acc, dq_tile, sigma.pow);
-  }
+  };
+  for (int i = 0; i + 1 < w.tiles; ++i) step(i, std::false_type{});
+  step(w.tiles - 1, std::true_type{});  // an item has at least one tile
 
   auto* dq = static_cast<__nv_bfloat16*>(p.dq);
   for (int r = 0; r < 2; ++r) {
