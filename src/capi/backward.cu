@@ -58,7 +58,8 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   // The dV fold reference gamma is the document's largest dO exponent (over a KV group's heads):
   // the running max at the document's end.
   if (const cudaError_t err = cuda::launch_prefix_max_scales(region(ws.g_scales), T, Hq, docs->cu_seqlens,
-                                                             docs->num_docs, region(ws.g_scale_prefix_max), s);
+                                                             docs->num_docs, docs->max_seqlen,
+                                                             region(ws.g_scale_prefix_max), s);
       err != cudaSuccess)
     return cuda_error("dout's running scale max (launch_prefix_max_scales)", err);
 

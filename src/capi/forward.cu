@@ -48,7 +48,7 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
       saving ? qkv_code_pointers(static_cast<uint8_t*>(saved_codes), saved) : qkv_code_pointers(base, ws);
   if (CallError e = quantize_qkv(*q, *k, *v, *docs, numerics, qkv, s); !e.ok()) return e;
   if (const cudaError_t err = cuda::launch_prefix_max_scales(qkv.v_scales, T, Hkv, docs->cu_seqlens, docs->num_docs,
-                                                             region(ws.v_fold_ref), s);
+                                                             docs->max_seqlen, region(ws.v_fold_ref), s);
       err != cudaSuccess)
     return cuda_error("the V fold reference (launch_prefix_max_scales)", err);
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <iterator>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -533,8 +534,9 @@ TEST_F(Gpu, MalformedCuSeqlensStayInBounds) {
     CUDA_CHECK(cuda::launch_quantize_mxfp8(x.get(), int64_t(H) * D, D, T, H, D, dcu.get(), num_docs, g,
                                            ScaleRule::kCeil, codes.get() + kGuard, nullptr, scales.get() + kGuard, nullptr));
   }
-  CUDA_CHECK(cuda::launch_prefix_max_scales(scales.get() + kGuard, T, H, dcu.get(), num_docs, prefix.get() + kGuard,
-                                            nullptr));
+  for (int max_doc_len : {1, std::numeric_limits<int>::max()})  // both grids: per document, per chunk
+    CUDA_CHECK(cuda::launch_prefix_max_scales(scales.get() + kGuard, T, H, dcu.get(), num_docs, max_doc_len,
+                                              prefix.get() + kGuard, nullptr));
   CUDA_CHECK(cudaDeviceSynchronize());
   for (const auto* buf : {&codes, &scales, &prefix}) {
     const std::vector<uint8_t> host = buf->download();
@@ -642,14 +644,22 @@ std::vector<uint8_t> cpu_prefix_max(const std::vector<uint8_t>& scales, const Do
   return out;
 }
 
-std::vector<uint8_t> gpu_prefix_max(const std::vector<uint8_t>& scales, const Documents& docs, int heads) {
+// max_doc_len picks the grid: the longest document's length (one CTA per chunk when it exceeds a
+// chunk) or 1 (one CTA per document, whatever its length).
+std::vector<uint8_t> gpu_prefix_max(const std::vector<uint8_t>& scales, const Documents& docs, int heads,
+                                    int max_doc_len) {
   DeviceBuffer<uint8_t> in(scales), out(scales.size());
   DeviceBuffer<int32_t> cu(docs.cu_seqlens());
   out.fill_bytes(kSentinel);
-  CUDA_CHECK(cuda::launch_prefix_max_scales(in.get(), docs.total_tokens(), heads, cu.get(), docs.count(), out.get(),
-                                            nullptr));
+  CUDA_CHECK(cuda::launch_prefix_max_scales(in.get(), docs.total_tokens(), heads, cu.get(), docs.count(), max_doc_len,
+                                            out.get(), nullptr));
   CUDA_CHECK(cudaDeviceSynchronize());
   return out.download();
+}
+int longest(const Documents& docs) {
+  int n = 0;
+  for (int d = 0; d < docs.count(); ++d) n = std::max(n, docs.end(d) - docs.begin(d));
+  return n;
 }
 
 ::testing::AssertionResult same_bytes(const std::vector<uint8_t>& gpu, const std::vector<uint8_t>& cpu, int heads) {
@@ -679,8 +689,29 @@ TEST_F(Gpu, PrefixMaxOfRandomScales) {
     }
     // Document 0: its first token is NaN, so all of it stays NaN; document 1 starts clean again.
     for (int h = 0; h < heads; ++h) scales[size_t(docs.begin(0)) * heads + h] = formats::kUe8m0NaN;
-    EXPECT_TRUE(same_bytes(gpu_prefix_max(scales, docs, heads), cpu_prefix_max(scales, docs, heads), heads));
+    for (int bound : {longest(docs), 1})
+      EXPECT_TRUE(same_bytes(gpu_prefix_max(scales, docs, heads, bound), cpu_prefix_max(scales, docs, heads), heads))
+          << "max_doc_len " << bound;
   }
+}
+
+// Long documents take one CTA per chunk of 1024 positions, each carrying the max of the positions
+// before it (and, with max_doc_len 1, one CTA the whole document): scales that climb slowly (each chunk's first tokens below the carry, new maxima inside
+// chunks), a NaN inside a later chunk of one head, a short document after them.
+TEST_F(Gpu, PrefixMaxCarriesAcrossChunks) {
+  const std::vector<int> lengths = {5000, 3 * 1024 + 1, 7, 2048};
+  const Documents docs = Documents::from_lengths(lengths);
+  const int heads = 3;
+  std::mt19937_64 rng{7};
+  std::vector<uint8_t> scales(size_t(docs.total_tokens()) * heads);
+  for (int d = 0; d < docs.count(); ++d)
+    for (int t = docs.begin(d); t < docs.end(d); ++t)
+      for (int h = 0; h < heads; ++h)
+        scales[size_t(t) * heads + h] = uint8_t(100 + (t - docs.begin(d)) / 300 + h - int(rng() % 4));
+  scales[size_t(docs.begin(0) + 2500) * heads + 1] = formats::kUe8m0NaN;
+  for (int bound : {longest(docs), 1})
+    EXPECT_TRUE(same_bytes(gpu_prefix_max(scales, docs, heads, bound), cpu_prefix_max(scales, docs, heads), heads))
+        << "max_doc_len " << bound;
 }
 
 // End to end: V quantized on the GPU with per-token scales (planted NaN, zero rows), then the
@@ -699,8 +730,8 @@ TEST_F(Gpu, PrefixMaxOfQuantizedV) {
   const Mxfp8Tensor ref = reference::quantize_mxfp8(v, in.docs, ScaleGeometry::kToken, ScaleRule::kCeil);
   const GpuQuantized gpu = gpu_quantize(contiguous(v), {}, in.docs, v.heads, v.dim, ScaleGeometry::kToken, ScaleRule::kCeil);
   ASSERT_TRUE(matches_reference(gpu, ref, v));
-  EXPECT_TRUE(same_bytes(gpu_prefix_max(gpu.scales, in.docs, v.heads), cpu_prefix_max(ref.scales, in.docs, v.heads),
-                         v.heads));
+  EXPECT_TRUE(same_bytes(gpu_prefix_max(gpu.scales, in.docs, v.heads, longest(in.docs)),
+                         cpu_prefix_max(ref.scales, in.docs, v.heads), v.heads));
 }
 
 }  // namespace

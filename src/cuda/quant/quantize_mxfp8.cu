@@ -312,29 +312,55 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
   }
 }
 
-// One CTA per (document, head): an inclusive max-scan over the document's tokens in chunks of
-// kThreads, carrying the running max from chunk to chunk. UE8M0 bytes order like their exponents
+// One CTA per (chunk of kScanChunk positions of a document, head; the chunk slots of
+// core/document_slots.h), or per (document, head) when every document fits one chunk (`chunked`
+// false: no document search): an inclusive max-scan over the chunk's tokens in steps of kThreads,
+// carrying the running max from step to step, and into the chunk the max of the document's tokens
+// before it (each thread reads every kThreads-th of them). UE8M0 bytes order like their exponents
 // and the NaN code 0xFF is the largest byte, so the byte max is the NaN-propagating max of the
 // exponents (starting from 0x00, the smallest exponent, which any first token's scale dominates).
+// Chunks, not one CTA per document: a CTA walks its tokens one step after another, so a 65536-token
+// document took 256 dependent steps on 16 CTAs (0.2 ms per launch, session 26); its last chunk now
+// reads the bytes before it 16 loads in flight per thread. Documents that fit one chunk skip the
+// search: with it, tiny-unaligned's 278 documents took 17 us per launch instead of 10.
+constexpr int kScanChunk = 4 * kThreads;
 __global__ void __launch_bounds__(kThreads)
     prefix_max_scales_kernel(const uint8_t* __restrict__ scales, int total_tokens, int heads,
-                             const int32_t* __restrict__ cu_seqlens, int num_docs, uint8_t* __restrict__ prefix_max) {
+                             const int32_t* __restrict__ cu_seqlens, int num_docs, bool chunked,
+                             uint8_t* __restrict__ prefix_max) {
   static_assert(formats::kUe8m0NaN == 0xFF, "NaN must be the largest UE8M0 byte");
   __shared__ uint32_t warp_total[kThreads / 32];
   __shared__ uint32_t chunk_max;
   const int h = blockIdx.y;
   const auto byte_max = [](uint32_t a, uint32_t b) { return max(a, b); };
-  for (int doc = blockIdx.x; doc < num_docs; doc += gridDim.x) {
-    const DocumentSpan d = document_span(cu_seqlens, doc, total_tokens);
+  const int64_t slot_count = chunked ? slots::slot_count(total_tokens, num_docs, kScanChunk) : num_docs;
+  for (int64_t slot = blockIdx.x; slot < slot_count; slot += gridDim.x) {
+    DocumentTile work{};  // every warp finds the same, so the branch is uniform over the CTA
+    if (!chunked) work.span = document_span(cu_seqlens, int(slot), total_tokens);
+    else if (!document_tile_warp(cu_seqlens, num_docs, total_tokens, kScanChunk, slot, work)) continue;
+    const DocumentSpan d = work.span;
+    const int c0 = work.tile * kScanChunk, c1 = chunked ? min(d.len, c0 + kScanChunk) : d.len;
     uint32_t carry = 0;
-    for (int p0 = 0; p0 < d.len; p0 += kThreads) {
+    if (c0 > 0) {  // uniform over the CTA
+      uint32_t before = 0;  // this thread's share of the positions [0, c0)
+#pragma unroll 16
+      for (int p = int(threadIdx.x); p < c0; p += kThreads)
+        before = max(before, uint32_t(__ldg(scales + int64_t(d.begin + p) * heads + h)));
+      // The block's max of `before`: the inclusive scan's last thread holds it.
+      before = block_inclusive_scan<kThreads>(before, 0u, byte_max, warp_total);
+      __syncthreads();  // every thread has read warp_total
+      if (threadIdx.x == kThreads - 1) chunk_max = before;
+      __syncthreads();
+      carry = chunk_max;
+    }
+    for (int p0 = c0; p0 < c1; p0 += kThreads) {
       const int p = p0 + int(threadIdx.x);
       const int64_t at = int64_t(d.begin + p) * heads + h;
-      const uint32_t v = max(block_inclusive_scan<kThreads>(p < d.len ? uint32_t(__ldg(scales + at)) : 0u, 0u,
+      const uint32_t v = max(block_inclusive_scan<kThreads>(p < c1 ? uint32_t(__ldg(scales + at)) : 0u, 0u,
                                                             byte_max, warp_total),
                              carry);
-      if (p < d.len) prefix_max[at] = uint8_t(v);
-      __syncthreads();  // every thread has read warp_total; the last one now passes the chunk's max on
+      if (p < c1) prefix_max[at] = uint8_t(v);
+      __syncthreads();  // every thread has read warp_total; the last one now passes the step's max on
       if (threadIdx.x == kThreads - 1) chunk_max = v;
       __syncthreads();
       carry = chunk_max;
@@ -393,14 +419,16 @@ cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, 
 }
 
 cudaError_t launch_prefix_max_scales(const uint8_t* scales, int total_tokens, int heads, const int32_t* cu_seqlens,
-                                     int num_docs, uint8_t* prefix_max, cudaStream_t stream) {
+                                     int num_docs, int max_doc_len, uint8_t* prefix_max, cudaStream_t stream) {
   if (heads < 1 || total_tokens < 0 || num_docs < 0) return cudaErrorInvalidValue;
   if (total_tokens == 0 || num_docs == 0) return cudaSuccess;
   if (scales == nullptr || cu_seqlens == nullptr || prefix_max == nullptr) return cudaErrorInvalidValue;
   if (heads > kMaxGridY) return cudaErrorInvalidValue;
-  constexpr int kMaxDocBlocks = 1 << 20;  // blocks loop over the remaining documents
-  const dim3 grid(unsigned(num_docs < kMaxDocBlocks ? num_docs : kMaxDocBlocks), unsigned(heads));
-  prefix_max_scales_kernel<<<grid, kThreads, 0, stream>>>(scales, total_tokens, heads, cu_seqlens, num_docs,
+  constexpr int64_t kMaxBlocks = 1 << 20;  // blocks loop over the remaining slots
+  const bool chunked = max_doc_len > kScanChunk;
+  const int64_t work_slots = chunked ? slots::slot_count(total_tokens, num_docs, kScanChunk) : num_docs;
+  const dim3 grid(unsigned(work_slots < kMaxBlocks ? work_slots : kMaxBlocks), unsigned(heads));
+  prefix_max_scales_kernel<<<grid, kThreads, 0, stream>>>(scales, total_tokens, heads, cu_seqlens, num_docs, chunked,
                                                           prefix_max);
   return cudaGetLastError();
 }

@@ -124,8 +124,10 @@ cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, 
 // propagates: once a 0xFF scale is seen, the rest of the document stays 0xFF. (UE8M0 codes are
 // the exponent plus 127, so the byte order is the exponent order and 0xFF, NaN, is the largest
 // byte: the running byte max is exactly the NaN-propagating running max of the exponents.)
-// cu_seqlens is clamped as above. Asynchronous on `stream`; returns the launch status.
+// cu_seqlens is clamped as above. max_doc_len, a bound on the document lengths, only picks the
+// grid (one CTA per document when every document fits one chunk; any bound gives the same bytes).
+// Asynchronous on `stream`; returns the launch status.
 cudaError_t launch_prefix_max_scales(const uint8_t* scales, int total_tokens, int heads, const int32_t* cu_seqlens,
-                                     int num_docs, uint8_t* prefix_max, cudaStream_t stream);
+                                     int num_docs, int max_doc_len, uint8_t* prefix_max, cudaStream_t stream);
 
 }  // namespace flamia::cuda
