@@ -696,8 +696,9 @@ TEST_F(Gpu, PrefixMaxOfRandomScales) {
 }
 
 // Long documents take one CTA per chunk of 1024 positions, each carrying the max of the positions
-// before it (and, with max_doc_len 1, one CTA the whole document): scales that climb slowly (each chunk's first tokens below the carry, new maxima inside
-// chunks), a NaN inside a later chunk of one head, a short document after them.
+// before it (with max_doc_len 1, one CTA the whole document): scales that climb slowly (each
+// chunk's first tokens below the carry, new maxima inside chunks), a NaN inside a later chunk of
+// one head, a short document after them.
 TEST_F(Gpu, PrefixMaxCarriesAcrossChunks) {
   const std::vector<int> lengths = {5000, 3 * 1024 + 1, 7, 2048};
   const Documents docs = Documents::from_lengths(lengths);

@@ -608,7 +608,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   // skip unseen key spans (masked_tile). Measured (session 25, device call 7, against main): forward
   // kernel tiny-unaligned -3.5%, 8192+224x256 -3.1%, prefix isolation 16x4096 -6.8%, longtail -6.4%,
   // tiny-unaligned -2.9%; but the instance with turns and per-token codes (the default's on long
-  // documents) +1.2% at 16x4096, +2.6% at 8x8192, +4.2% at 4x16384, so it keeps main's code.
+  // documents) +1.2% at 16x4096, +2.6% at 8x8192, +4.2% at 4x16384, so its loop keeps the branch.
   constexpr bool kLeanSteps = !kTurns || kInteriorCodes;
   constexpr SmemLayout kRowsLayout = kSwizzleFor<D>, kVtLayout = kSwizzleFor<kKeyTile>;
   float o_acc[D / 2];             // the m64nD accumulator: [n8 block][4] flattened
