@@ -330,9 +330,16 @@ __global__ void __launch_bounds__(kThreads)
                              uint8_t* __restrict__ prefix_max) {
   static_assert(formats::kUe8m0NaN == 0xFF, "NaN must be the largest UE8M0 byte");
   __shared__ uint32_t warp_total[kThreads / 32];
-  __shared__ uint32_t chunk_max;
+  __shared__ uint32_t block_total;
   const int h = blockIdx.y;
   const auto byte_max = [](uint32_t a, uint32_t b) { return max(a, b); };
+  // The last thread's value of a block_inclusive_scan, for every thread (the scan's total).
+  const auto scan_total = [&](uint32_t v) {
+    __syncthreads();  // every thread has read warp_total
+    if (threadIdx.x == kThreads - 1) block_total = v;
+    __syncthreads();
+    return block_total;
+  };
   const int64_t slot_count = chunked ? slots::slot_count(total_tokens, num_docs, kScanChunk) : num_docs;
   for (int64_t slot = blockIdx.x; slot < slot_count; slot += gridDim.x) {
     DocumentTile work{};  // every warp finds the same, so the branch is uniform over the CTA
@@ -346,12 +353,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll 16
       for (int p = int(threadIdx.x); p < c0; p += kThreads)
         before = max(before, uint32_t(__ldg(scales + int64_t(d.begin + p) * heads + h)));
-      // The block's max of `before`: the inclusive scan's last thread holds it.
-      before = block_inclusive_scan<kThreads>(before, 0u, byte_max, warp_total);
-      __syncthreads();  // every thread has read warp_total
-      if (threadIdx.x == kThreads - 1) chunk_max = before;
-      __syncthreads();
-      carry = chunk_max;
+      carry = scan_total(block_inclusive_scan<kThreads>(before, 0u, byte_max, warp_total));
     }
     for (int p0 = c0; p0 < c1; p0 += kThreads) {
       const int p = p0 + int(threadIdx.x);
@@ -360,10 +362,7 @@ __global__ void __launch_bounds__(kThreads)
                                                             byte_max, warp_total),
                              carry);
       if (p < c1) prefix_max[at] = uint8_t(v);
-      __syncthreads();  // every thread has read warp_total; the last one now passes the step's max on
-      if (threadIdx.x == kThreads - 1) chunk_max = v;
-      __syncthreads();
-      carry = chunk_max;
+      carry = scan_total(v);  // the step's max, passed on
     }
   }
 }
