@@ -73,6 +73,7 @@ struct alignas(1024) KeyTileStage {
   float k_col[kKeyTile];     // 2^ek_j (0 past the document end)
   float v_pow[kKeyTile];     // 2^(ev_j - c): interior tiles' half of the V fold (see consume)
   uint8_t v_scale[kKeyTile];  // UE8M0 of V_j: masked tiles fold with its exponent
+  float2 group_fold[kKeyTile / tiling::kScaleBlock];  // grouped tiles: {e_g, 2^-e_g} (see GroupFold)
 };
 // One work item: what the producer finds and hands the consumers with the item's Q tile.
 struct CtaWork {
@@ -116,6 +117,30 @@ template <bool kInteriorCodes>
 __device__ __forceinline__ int tile_codes(int i) {
   return kInteriorCodes && i >= tiling::kFrontierTiles;
 }
+// Whether key tile i, where it is interior, takes the grouped arithmetic (interior_tile_grouped):
+// every 32-key group shares its K and V scales. The producer stores what that path reads.
+template <bool kInteriorCodes>
+__device__ __forceinline__ bool tile_grouped(const ForwardParams& p, int i) {
+  return kInteriorCodes ? tile_codes<true>(i) == 1 : p.group_scales;
+}
+
+// The V fold of a grouped tile, taken into the exponent: P~ = E4M3(2^(s - m + e_g + b_i)) for
+// group g and row i, with e_g = ev_g - c (the streamer's, per group) and b_i = boost - rho_i + c
+// (the row's, per item), so that the tile's elements take no fold multiply (measured: the
+// multiply alone is 4-6% of the forward kernel on short documents). The row sum takes the
+// unfolded p back exactly: l accumulates in units of 2^b_i (ItemRows::lsum_exp), each group's
+// partial sum times 2^-e_g, a power of two. Both exponents are clamped to kGroupFoldFloor, which
+// keeps every factor a normal float and changes no P~: an interior key has ev_g <= c <= rho_i, so
+// e_g <= 0 and b_i <= boost, and where either lies below the floor the fold is below 2^(boost +
+// kGroupFoldFloor) = 2^-24 before and after the clamp, which E4M3 encodes as 0. p below 2^(-126 -
+// 2 kGroupFoldFloor) = 2^-62 may flush to 0 in l, far below l's precision (l >= 1). NaN exponents
+// (V's NaN code) are taken as 0: a row that sees one has rho_i NaN, and store_item_output makes
+// its O NaN, as the emulation does, while l stays V's-independent.
+constexpr int kGroupFoldFloor = -32;
+// An exponent sum (add_exponents) clamped into [kGroupFoldFloor, ceiling]; the NaN marker gives 0.
+__device__ __forceinline__ int clamp_fold_exponent(int e, int ceiling) {
+  return e >= kNaNExponent / 2 ? 0 : max(kGroupFoldFloor, min(e, ceiling));
+}
 
 // --- producer ----------------------------------------------------------------------------------
 using TileScaleBytes = LaneScaleBytes<kKeyTile>;
@@ -139,13 +164,39 @@ __device__ __forceinline__ void store_lane_scales(const TileScaleBytes& b, const
   }
 }
 
+// A grouped tile's factors (tile_grouped), by streamer 0's lanes g < kTileGroups, one group each:
+// 2^ek_g at the group's first key (where interior_tile_grouped reads it; on tile 0 the per-key
+// stores hold it) and {e_g, 2^-e_g} of the V fold in the exponent (GroupFold above).
+constexpr int kTileGroups = kKeyTile / tiling::kScaleBlock;
+static_assert(kTileGroups <= 32, "a lane per group");
+template <int D>
+__device__ __forceinline__ void store_group_factors(uint32_t group_bytes, int neg_c, bool with_k_col, int lane,
+                                                    KeyTileStage<D>& st) {
+  if (lane >= kTileGroups) return;
+  const uint8_t k_byte = uint8_t(group_bytes), v_byte = uint8_t(group_bytes >> 8);
+  if (with_k_col) st.k_col[lane * tiling::kScaleBlock] = pow2_of_scale(k_byte);
+  const int e = clamp_fold_exponent(add_exponents(scale_exponent(v_byte), neg_c), 0);
+  st.group_fold[lane] = make_float2(float(e), exp2i_float(-e));
+}
+// The K and V scale bytes of group `lane` (< kTileGroups) of the tile at k0, as k | v << 8.
+__device__ __forceinline__ uint32_t load_group_scale_bytes(const uint8_t* k_scales, const uint8_t* v_scales,
+                                                           int heads, int head, int doc_begin, int len, int k0,
+                                                           int lane) {
+  if (lane >= kTileGroups) return 0u;
+  const int64_t s = int64_t(doc_begin + min(k0 + lane * tiling::kScaleBlock, len - 1)) * heads + head;
+  return uint32_t(__ldg(k_scales + s)) | (uint32_t(__ldg(v_scales + s)) << 8);
+}
+
 // An item's key tiles, the ring's uses key_uses.. on, by tile streamer kStreamer (work_items.cuh):
 // per key tile i, wait until its stage is empty, TMA its K and V^T codes (streamer 0's lane 0),
-// store the streamer's share of the per-key scale factors (the bytes of tile i + 1 are loaded
-// meanwhile), then every lane arrives on "full". Keys past the document end load the next
-// document's codes, transposed slots the quantizer zeroed, or TMA's zeros past the tensor: finite
-// E4M3 codes (docs/KERNELS.md, "Loads") whose P is exactly 0, and columns of S that the masked path
-// drops.
+// store the tile's scale factors (the bytes of tile i + 1 are loaded meanwhile), then every lane
+// arrives on "full". Tile 0 (it may be masked) and tiles of per-key arithmetic take per-key factors,
+// each streamer its share of every lane's keys; grouped tiles one set per 32-key group, which
+// streamer 0 stores alone (tile 0 takes both when grouped: it may be interior when not causal).
+// (Per-key factors on every tile cost the forward 0.5-7%: the streamers' instructions share the
+// consumers' issue slots.) Keys past the document end load the next document's codes, transposed
+// slots the quantizer zeroed, or TMA's zeros past the tensor: finite E4M3 codes (docs/KERNELS.md,
+// "Loads") whose P is exactly 0, and columns of S that the masked path drops.
 template <int D, int kStreamer, bool kInteriorCodes>
 __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const CtaWork& w, int key_uses,
                                                   SharedTiles<D>& sm) {
@@ -153,17 +204,30 @@ __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const
   const ForwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
   const int vt_doc_start = int(layout::transposed_document_start(w.doc_begin, w.doc));
+  auto per_key = [&](int i) { return i == 0 || !tile_grouped<kInteriorCodes>(p, i); };
   auto load_scales = [&](int i) {
     const int64_t shift = tile_codes<kInteriorCodes>(i) * p.interior_scales_shift;
-    return load_lane_scale_bytes<kKeyTile, Share::kFirst, Share::kCount>(
-        p.k_scales + shift, p.v_scales + shift, p.kv_heads, w.kvh, w.doc_begin, w.len, key_tile_start(w, i), lane);
+    return per_key(i) ? load_lane_scale_bytes<kKeyTile, Share::kFirst, Share::kCount>(
+                            p.k_scales + shift, p.v_scales + shift, p.kv_heads, w.kvh, w.doc_begin, w.len,
+                            key_tile_start(w, i), lane)
+                      : TileScaleBytes{0u, 0u};
+  };
+  auto load_group_scales = [&](int i) {
+    const int64_t shift = tile_codes<kInteriorCodes>(i) * p.interior_scales_shift;
+    return kStreamer == 0 && tile_grouped<kInteriorCodes>(p, i)
+               ? load_group_scale_bytes(p.k_scales + shift, p.v_scales + shift, p.kv_heads, w.kvh, w.doc_begin,
+                                        w.len, key_tile_start(w, i), lane)
+               : 0u;
   };
   TileScaleBytes next = load_scales(0);
+  uint32_t next_groups = load_group_scales(0);
   const float inv_c = pow2i(w.c_exp == kNaNExponent ? kNaNExponent : -w.c_exp);
+  const int neg_c = w.c_exp == kNaNExponent ? kNaNExponent : -w.c_exp;
   for (int i = 0; i < w.tiles; ++i) {
     const int k0 = key_tile_start(w, i), use = key_uses + i;
     KeyTileStage<D>& st = sm.stage[sm.ring.stage(use)];
     const TileScaleBytes bytes = next;
+    const uint32_t group_bytes = next_groups;
     sm.ring.wait_empty(use);
     if (kStreamer == 0 && lane == 0) {
       uint64_t& full = sm.ring.full_barrier(use);
@@ -171,8 +235,12 @@ __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const
       tma_load_rows(args.k_map[tile_codes<kInteriorCodes>(i)], st.k, full, w.kvh, w.doc_begin + k0);
       tma_load_transposed(args.vt_map[tile_codes<kInteriorCodes>(i)], st.vt, full, w.kvh, D, vt_doc_start + k0);
     }
-    if (i + 1 < w.tiles) next = load_scales(i + 1);
-    store_lane_scales<D, Share::kFirst, Share::kCount>(bytes, w, inv_c, k0, lane, st);
+    if (i + 1 < w.tiles) {
+      next = load_scales(i + 1);
+      next_groups = load_group_scales(i + 1);
+    }
+    if (per_key(i)) store_lane_scales<D, Share::kFirst, Share::kCount>(bytes, w, inv_c, k0, lane, st);
+    if (kStreamer == 0 && tile_grouped<kInteriorCodes>(p, i)) store_group_factors(group_bytes, neg_c, i != 0, lane, st);
     sm.ring.arrive_full(use);
   }
 }
@@ -286,7 +354,8 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
                                             const float (&q_factor)[2], const int (&fold_bias)[2],
                                             const float (&row_pow)[2], bool split_fold, int k0, int len,
                                             bool causal, const int (&rows)[2], const bool (&row_valid)[2], int t,
-                                            float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+                                            const float (&lsum_pow)[2], float (&m)[2], float (&l)[2],
+                                            float (&alpha)[2]) {
   // Key k0 + 2t + c (c = 8 nb + (e & 1)) is visible to row r iff c < key_limit[r]: inside the
   // document and, causal, at or before the row (one compare per element).
   int key_limit[2];
@@ -312,6 +381,11 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
   }
   for (int r = 0; r < 2; ++r) tile_max[r] = quad_nan_max(tile_max[r]);
   update_running_max(tile_max, m, l, alpha);
+  // The tile's sum of unrounded p, added to l in l's units (lsum_pow: see GroupFold) at the end.
+  float tile_l[2] = {0.f, 0.f};
+  auto add_tile_sum = [&] {
+    for (int r = 0; r < 2; ++r) l[r] = fmaf(tile_l[r], lsum_pow[r], l[r]);
+  };
 
   if (split_fold) {
 #pragma unroll
@@ -329,11 +403,12 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
           float& x = s[nb * 4 + e];
           const bool visible = x != -INFINITY;
           const float pe = exp2_ftz(x - m[r]);  // NaN where x and m are both -inf: selected away below
-          l[r] += visible ? pe : 0.f;
+          tile_l[r] += visible ? pe : 0.f;
           x = visible ? pe * (((e & 1) ? vp.y : vp.x) * row_pow[r]) : 0.f;
         }
       }
     }
+    add_tile_sum();
     return;
   }
 #pragma unroll
@@ -351,7 +426,7 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
         float& x = s[nb * 4 + e];
         const bool visible = x != -INFINITY;
         const float pe = exp2_ftz(x - m[r]);  // NaN where x and m are both -inf: selected away below
-        l[r] += visible ? pe : 0.f;
+        tile_l[r] += visible ? pe : 0.f;
         // 2^(ev_j + fold_bias_i), built from the exponent where it is a normal float, else pow2i's
         // branches (rare: the NaN marker of either exponent, or a fold outside the normal range).
         const int fold_exp = scale_exponent((e & 1) ? vs.y : vs.x) + fold_bias[r];
@@ -361,6 +436,7 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
       }
     }
   }
+  add_tile_sum();
 }
 
 // An interior tile (every key visible to every row): the same numbers with the fewest
@@ -373,8 +449,9 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
 //     (bitwise the same factor: see consume).
 template <int D>
 __device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const KeyTileStage<D>& st,
-                                              const float (&q_factor)[2], const float (&row_pow)[2], int t,
-                                              float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+                                              const float (&q_factor)[2], const float (&row_pow)[2],
+                                              const float (&lsum_pow)[2], int t, float (&m)[2], float (&l)[2],
+                                              float (&alpha)[2]) {
   // Four partial maxima per row (the max is exact in any order), so that no chain of dependent
   // instructions runs through all 32 of a row's elements.
   float part_max[2][4];
@@ -418,23 +495,26 @@ __device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const Ke
     }
   }
   static_assert(kKeyTile / 32 == 4, "four partial sums per row");
-  for (int r = 0; r < 2; ++r) l[r] += (part_sum[r][0] + part_sum[r][1]) + (part_sum[r][2] + part_sum[r][3]);
+  for (int r = 0; r < 2; ++r)
+    l[r] = fmaf((part_sum[r][0] + part_sum[r][1]) + (part_sum[r][2] + part_sum[r][3]), lsum_pow[r], l[r]);
 }
 
 // The interior tile when every 32-key group shares its K and V scales (block32 geometry; a tile
 // holds kKeyTile / 32 whole groups, counted from the document start like the tiles): the same
-// numbers with two multiplies per score fewer.
+// numbers with three multiplies per score fewer.
 //   - the max runs over the raw S of each group, times the group's 2^ek (exact: a positive power
 //     of two commutes with the max);
 //   - s - m as fmaf(S, 2^ek_g q_factor_i, -m): the product 2^ek_g q_factor_i is exact, so the FMA's
 //     one rounding is that of fmaf(S 2^ek, q_factor_i, -m) above (outside the float range of
 //     2^ek q_factor, i.e. scales near 2^+-126, the two may differ by that rounding);
-//   - the V fold as one factor per (row, group), v_pow_g row_pow_i (exact as above).
+//   - the V fold in the exponent (GroupFold): p~ = 2^(fmaf(S, 2^ek_g q_factor_i, (b_i - m) + e_g)),
+//     whose argument carries up to two more roundings of a few 2^-24 than s - m, and l in units of
+//     2^b_i from each group's sum of p~ times 2^-e_g.
 template <int D>
 __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], const KeyTileStage<D>& st,
-                                                      const float (&q_factor)[2], const float (&row_pow)[2],
+                                                      const float (&q_factor)[2], const float (&lsum_exp)[2],
                                                       float (&m)[2], float (&l)[2], float (&alpha)[2]) {
-  constexpr int kGroups = kKeyTile / tiling::kScaleBlock, kBlocksPerGroup = kKeyBlocks / kGroups;
+  constexpr int kGroups = kTileGroups, kBlocksPerGroup = kKeyBlocks / kGroups;
   static_assert(kGroups == 4, "four groups per tile: four partial maxima per row");
   float group_max[2][kGroups];
   for (int r = 0; r < 2; ++r)
@@ -446,13 +526,14 @@ __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], 
       float& gm = group_max[e >> 1][nb / kBlocksPerGroup];
       gm = fmaxf(gm, s[nb * 4 + e]);
     }
-  float k_col[kGroups], v_pow[kGroups];  // the group's factors (its first key's; all keys share them)
+  float k_col[kGroups];  // the group's 2^ek (its first key's; all keys share it)
+  float2 fold[kGroups];  // {e_g, 2^-e_g}
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     k_col[g] = st.k_col[g * tiling::kScaleBlock];
-    v_pow[g] = st.v_pow[g * tiling::kScaleBlock];
+    fold[g] = st.group_fold[g];
   }
-  float tile_max[2], neg_m[2];
+  float tile_max[2], bias[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     tile_max[r] = fmaxf(fmaxf(group_max[r][0] * k_col[0], group_max[r][1] * k_col[1]),
@@ -461,25 +542,27 @@ __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], 
     tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2)) * q_factor[r];
   }
   update_running_max(tile_max, m, l, alpha);
-  for (int r = 0; r < 2; ++r) neg_m[r] = m[r] == -INFINITY ? 0.f : -m[r];
+  // b_i - m, with -m taken as 0 where every score so far overflowed to -inf (p = 0 then, not NaN).
+  for (int r = 0; r < 2; ++r) bias[r] = lsum_exp[r] - (m[r] == -INFINITY ? 0.f : m[r]);
 
   float part_sum[2][kGroups] = {};
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     const float exponent_factor[2] = {k_col[g] * q_factor[0], k_col[g] * q_factor[1]};
-    const float fold[2] = {v_pow[g] * row_pow[0], v_pow[g] * row_pow[1]};
+    const float addend[2] = {bias[0] + fold[g].x, bias[1] + fold[g].x};
 #pragma unroll
     for (int nb = g * kBlocksPerGroup; nb < (g + 1) * kBlocksPerGroup; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
         float& x = s[nb * 4 + e];
-        const float pe = exp2_ftz(fmaf(x, exponent_factor[r], neg_m[r]));
-        part_sum[r][g] += pe;
-        x = pe * fold[r];
+        x = exp2_ftz(fmaf(x, exponent_factor[r], addend[r]));
+        part_sum[r][g] += x;
       }
   }
-  for (int r = 0; r < 2; ++r) l[r] += (part_sum[r][0] + part_sum[r][1]) + (part_sum[r][2] + part_sum[r][3]);
+  for (int r = 0; r < 2; ++r)
+    l[r] += fmaf(part_sum[r][0], fold[0].y, part_sum[r][1] * fold[1].y) +
+            fmaf(part_sum[r][2], fold[2].y, part_sum[r][3] * fold[3].y);
 }
 
 // --- consumers ---------------------------------------------------------------------------------
@@ -494,8 +577,17 @@ struct ItemRows {
   float q_factor[2];  // 2^eq_i scale log2(e)
   int fold_bias[2];   // boost - rho_i: the P operand is p * 2^(ev_j + fold_bias), never above 2^boost
   float row_pow[2];   // 2^(fold_bias_i + c): the row's half of the split V fold
+  float lsum_exp[2];  // b_i = fold_bias_i + c, clamped (GroupFold): l is kept in units of 2^b_i
   bool split_fold;    // masked tiles may fold with v_pow_j row_pow_i too (warp-uniform)
 };
+// 2^e for a float e that holds an integer in [-126, 127], exactly: e + 1.5 2^23 holds e in its low
+// mantissa bits.
+__device__ __forceinline__ float pow2_of_integral(float e) {
+  return __int_as_float((__float_as_int(e + 12582912.f) - 0x4B400000 + 127) << 23);
+}
+__device__ __forceinline__ void lsum_units(const ItemRows& it, float (&lsum_pow)[2]) {
+  for (int r = 0; r < 2; ++r) lsum_pow[r] = pow2_of_integral(it.lsum_exp[r]);
+}
 
 __device__ __forceinline__ ItemRows item_rows(const ForwardParams& p, const CtaWork& w, const QueryTileInfo& info,
                                               int key_uses, int q_buffer) {
@@ -522,7 +614,10 @@ __device__ __forceinline__ ItemRows item_rows(const ForwardParams& p, const CtaW
   // rounds to 0 below it, and where a factor is already 0 the true value is below 2^-141, which
   // E4M3 encodes as 0 either way. (Rows past the document end get meaningless row_pow; their
   // outputs are never stored, and rows do not mix in the products.)
-  for (int r = 0; r < 2; ++r) it.row_pow[r] = pow2i(add_exponents(it.fold_bias[r], w.c_exp));
+  for (int r = 0; r < 2; ++r) {
+    it.row_pow[r] = pow2i(add_exponents(it.fold_bias[r], w.c_exp));
+    it.lsum_exp[r] = float(clamp_fold_exponent(add_exponents(it.fold_bias[r], w.c_exp), p.p_boost_log2));
+  }
   // Masked tiles may fold with v_pow_j row_pow_i too, where every row of the warp has
   // 0 <= rho_i - c <= kMaxFoldSplit (rows past the document end see no key): a visible key has
   // ev_j <= rho_i, so v_pow_j = 2^(ev_j - c) <= 2^kMaxFoldSplit and row_pow_i = 2^(boost - rho_i + c)
@@ -547,9 +642,13 @@ __device__ __forceinline__ void interior_softmax(const ForwardParams& p, const I
                                                  const KeyTileStage<D>& st, int i, float (&s)[kKeyTile / 2],
                                                  float (&m)[2], float (&l)[2], float (&alpha)[2]) {
   fence_accumulators(s);
-  if (kInteriorCodes ? tile_codes<true>(i) == 1 : p.group_scales)
-    interior_tile_grouped(s, st, it.q_factor, it.row_pow, m, l, alpha);
-  else interior_tile(s, st, it.q_factor, it.row_pow, consumer_thread().t, m, l, alpha);
+  if (tile_grouped<kInteriorCodes>(p, i)) {
+    interior_tile_grouped(s, st, it.q_factor, it.lsum_exp, m, l, alpha);
+  } else {
+    float lsum_pow[2];
+    lsum_units(it, lsum_pow);
+    interior_tile(s, st, it.q_factor, it.row_pow, lsum_pow, consumer_thread().t, m, l, alpha);
+  }
 }
 // Tile i's softmax, masked or interior. A tile is interior when every key is visible to every row:
 // inside the document and, causal, at or before the CTA's first row. Only visible keys enter the
@@ -567,17 +666,20 @@ __device__ __forceinline__ void tile_softmax(const ForwardParams& p, const ItemR
     return;
   }
   fence_accumulators(s);
+  float lsum_pow[2];
+  lsum_units(it, lsum_pow);
   masked_tile<D, kSkipUnseenSpans>(s, st, it.q_factor, it.fold_bias, it.row_pow, it.split_fold, k0, it.w.len,
-                                   p.causal, it.rows, it.row_valid, consumer_thread().t, m, l, alpha);
+                                   p.causal, it.rows, it.row_valid, consumer_thread().t, lsum_pow, m, l, alpha);
 }
 
-// An item's end: full row sums across the 4 lanes of a row, then O and LSE.
+// An item's end: full row sums across the 4 lanes of a row (back from units of 2^b_i: exact), then
+// O and LSE.
 template <int N>
 __device__ __forceinline__ void store_item_output(const ForwardParams& p, const ItemRows& it, const float (&o_acc)[N],
                                                   const float (&m)[2], float (&l)[2]) {
   const int t = consumer_thread().t;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) l[r] = quad_sum(l[r]);
+  for (int r = 0; r < 2; ++r) l[r] = quad_sum(l[r]) * pow2_of_integral(-it.lsum_exp[r]);
   auto* o = static_cast<__nv_bfloat16*>(p.o);
   const int h = it.w.head;
 #pragma unroll
