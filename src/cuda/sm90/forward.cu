@@ -126,10 +126,10 @@ __device__ __forceinline__ bool tile_grouped(const ForwardParams& p, int i) {
 
 // The V fold of a grouped tile, taken into the exponent: P~ = E4M3(2^(s - m + e_g + b_i)) for
 // group g and row i, with e_g = ev_g - c (the streamer's, per group) and b_i = boost - rho_i + c
-// (the row's, per item), so that the tile's elements take no fold multiply (measured: the
-// multiply alone is 4-6% of the forward kernel on short documents). The row sum takes the
-// unfolded p back exactly: l accumulates in units of 2^b_i (ItemRows::lsum_exp), each group's
-// partial sum times 2^-e_g, a power of two. Both exponents are clamped to kGroupFoldFloor, which
+// (the row's, per item), so that the tile's elements take no fold multiply (with the per-group
+// stores below: forward kernel -2 to -4%, -8 to -9% in prefix isolation; docs/KERNELS.md). The
+// row sum takes the unfolded p back exactly: l accumulates in units of 2^b_i (ItemRows::lsum_exp),
+// each group's partial sum times 2^-e_g, a power of two. Both exponents are clamped to kGroupFoldFloor, which
 // keeps every factor a normal float and changes no P~: an interior key has ev_g <= c <= rho_i, so
 // e_g <= 0 and b_i <= boost, and where either lies below the floor the fold is below 2^(boost +
 // kGroupFoldFloor) = 2^-24 before and after the clamp, which E4M3 encodes as 0. p below 2^(-126 -
@@ -193,8 +193,8 @@ __device__ __forceinline__ uint32_t load_group_scale_bytes(const uint8_t* k_scal
 // arrives on "full". Tile 0 (it may be masked) and tiles of per-key arithmetic take per-key factors,
 // each streamer its share of every lane's keys; grouped tiles one set per 32-key group, which
 // streamer 0 stores alone (tile 0 takes both when grouped: it may be interior when not causal).
-// (Per-key factors on every tile cost the forward 0.5-7%: the streamers' instructions share the
-// consumers' issue slots.) Keys past the document end load the next document's codes, transposed
+// (The streamers' instructions share the consumers' issue slots: a probe without the per-key
+// factors of grouped tiles ran the forward 0.5-7% faster.) Keys past the document end load the next document's codes, transposed
 // slots the quantizer zeroed, or TMA's zeros past the tensor: finite E4M3 codes (docs/KERNELS.md,
 // "Loads") whose P is exactly 0, and columns of S that the masked path drops.
 template <int D, int kStreamer, bool kInteriorCodes>
