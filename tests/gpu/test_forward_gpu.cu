@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "analysis/metrics.h"
 #include "analysis/probe.h"
@@ -174,6 +176,42 @@ TEST(Forward, MaskedTilesFoldTheSameAcrossAWideVScaleJump) {
                                               jump.docs, reference::AttentionShape{.causal = true}, opt);
     for (double x : gpu.o.data) ASSERT_TRUE(std::isfinite(x)) << to_string(mode);
     EXPECT_GE(compare(gpu.o.data, emu.o.data).cosine, kMinCosineVsEmulation) << to_string(mode);
+  }
+}
+
+// Grouped interior tiles take V's fold in the exponent with both exponents clamped at 2^-32
+// (forward.cu, GroupFold): a V group far below the running max of V's scales (tokens 0..127 at
+// 2^-60) and rows whose running max jumps far above the item's first row (tokens 300.. at 2^+60)
+// clamp e_g and b_i. Their P codes are 0 either way, and the row sums must still hold every p: the
+// LSE (which does not depend on V) and O, row range by row range, match the emulation.
+TEST(Forward, GroupedTilesKeepEveryRowSumWhereTheFoldClamps) {
+  FLAMIA_REQUIRE_GPU();
+  auto in = analysis::random_inputs({{640, 100}, 2, 2, 128}, 13);
+  for (int t = 0; t < 640; ++t)
+    for (int h = 0; h < 2; ++h)
+      for (int f = 0; f < 128; ++f)
+        if (t < 128 || t >= 300) in.v.at(t, h, f) = std::ldexp(in.v.at(t, h, f), t < 128 ? -60 : 60);
+  for (Isolation mode : {Isolation::kDocument, Isolation::kPrefix}) {
+    NumericsOptions opt;
+    opt.isolation = mode;
+    const auto gpu = ForwardCall(in, opt, true).run();
+    const auto emu = reference::mxfp8_forward(reference::quantize_inputs(in.q, in.k, in.v, in.docs, opt), in.docs,
+                                              reference::AttentionShape{.causal = true}, opt);
+    EXPECT_LE(compare(gpu.lse.data, emu.lse.data).max_abs, kMaxLseDiffVsEmulation) << to_string(mode);
+    // Rows of one scale range at a time (a cosine over all rows would see the 2^60 rows only).
+    for (auto [first, last] : {std::pair{0, 128}, std::pair{128, 300}, std::pair{300, 640}, std::pair{640, 740}}) {
+      std::vector<double> g, e;
+      for (int t = first; t < last; ++t)
+        for (int h = 0; h < 2; ++h)
+          for (int f = 0; f < 128; ++f) {
+            g.push_back(gpu.o.at(t, h, f));
+            e.push_back(emu.o.at(t, h, f));
+          }
+      for (double x : g) ASSERT_TRUE(std::isfinite(x)) << to_string(mode) << " rows " << first << ".." << last;
+      const auto c = compare(g, e);
+      EXPECT_GE(c.cosine, kMinCosineVsEmulation) << to_string(mode) << " rows " << first << ".." << last;
+      EXPECT_LE(c.rel_l2, kMaxRelL2VsEmulation) << to_string(mode) << " rows " << first << ".." << last;
+    }
   }
 }
 
