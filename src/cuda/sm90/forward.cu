@@ -178,14 +178,6 @@ __device__ __forceinline__ void store_group_factors(uint32_t group_bytes, int ne
   const int e = clamp_fold_exponent(add_exponents(scale_exponent(v_byte), neg_c), 0);
   st.group_fold[lane] = make_float2(float(e), exp2i_float(-e));
 }
-// The K and V scale bytes of group `lane` (< kTileGroups) of the tile at k0, as k | v << 8.
-__device__ __forceinline__ uint32_t load_group_scale_bytes(const uint8_t* k_scales, const uint8_t* v_scales,
-                                                           int heads, int head, int doc_begin, int len, int k0,
-                                                           int lane) {
-  if (lane >= kTileGroups) return 0u;
-  const int64_t s = int64_t(doc_begin + min(k0 + lane * tiling::kScaleBlock, len - 1)) * heads + head;
-  return uint32_t(__ldg(k_scales + s)) | (uint32_t(__ldg(v_scales + s)) << 8);
-}
 
 // An item's key tiles, the ring's uses key_uses.. on, by tile streamer kStreamer (work_items.cuh):
 // per key tile i, wait until its stage is empty, TMA its K and V^T codes (streamer 0's lane 0),
@@ -194,9 +186,10 @@ __device__ __forceinline__ uint32_t load_group_scale_bytes(const uint8_t* k_scal
 // each streamer its share of every lane's keys; grouped tiles one set per 32-key group, which
 // streamer 0 stores alone (tile 0 takes both when grouped: it may be interior when not causal).
 // (The streamers' instructions share the consumers' issue slots: a probe without the per-key
-// factors of grouped tiles ran the forward 0.5-7% faster.) Keys past the document end load the next document's codes, transposed
-// slots the quantizer zeroed, or TMA's zeros past the tensor: finite E4M3 codes (docs/KERNELS.md,
-// "Loads") whose P is exactly 0, and columns of S that the masked path drops.
+// factors of grouped tiles ran the forward 0.5-7% faster.) Keys past the document end load the next
+// document's codes, transposed slots the quantizer zeroed, or TMA's zeros past the tensor: finite
+// E4M3 codes (docs/KERNELS.md, "Loads") whose P is exactly 0, and columns of S that the masked path
+// drops.
 template <int D, int kStreamer, bool kInteriorCodes>
 __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const CtaWork& w, int key_uses,
                                                   SharedTiles<D>& sm) {
@@ -215,14 +208,14 @@ __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const
   auto load_group_scales = [&](int i) {
     const int64_t shift = tile_codes<kInteriorCodes>(i) * p.interior_scales_shift;
     return kStreamer == 0 && tile_grouped<kInteriorCodes>(p, i)
-               ? load_group_scale_bytes(p.k_scales + shift, p.v_scales + shift, p.kv_heads, w.kvh, w.doc_begin,
-                                        w.len, key_tile_start(w, i), lane)
+               ? load_group_scale_bytes<kKeyTile>(p.k_scales + shift, p.v_scales + shift, p.kv_heads, w.kvh,
+                                                  w.doc_begin, w.len, key_tile_start(w, i), lane)
                : 0u;
   };
   TileScaleBytes next = load_scales(0);
   uint32_t next_groups = load_group_scales(0);
-  const float inv_c = pow2i(w.c_exp == kNaNExponent ? kNaNExponent : -w.c_exp);
   const int neg_c = w.c_exp == kNaNExponent ? kNaNExponent : -w.c_exp;
+  const float inv_c = pow2i(neg_c);
   for (int i = 0; i < w.tiles; ++i) {
     const int k0 = key_tile_start(w, i), use = key_uses + i;
     KeyTileStage<D>& st = sm.stage[sm.ring.stage(use)];

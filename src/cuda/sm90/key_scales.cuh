@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "core/tiling.h"
+
 namespace flamia::cuda::sm90 {
 
 // The bytes of one lane's keys, four to a register (producer warps run on few registers).
@@ -35,6 +37,18 @@ __device__ __forceinline__ LaneScaleBytes<kKeyTile> load_lane_scale_bytes(const 
     b.v |= uint32_t(__ldg(v_scales + s)) << (8 * j);
   }
   return b;
+}
+
+// The K and V scale bytes of 32-key group `lane` of the tile at k0 (lanes past the tile's groups:
+// 0), as k | v << 8, clamped into the document like the per-key loads: a grouped tile's one byte
+// pair per group.
+template <int kKeyTile>
+__device__ __forceinline__ uint32_t load_group_scale_bytes(const uint8_t* k_scales, const uint8_t* v_scales,
+                                                           int heads, int head, int doc_begin, int len, int k0,
+                                                           int lane) {
+  if (lane >= kKeyTile / tiling::kScaleBlock) return 0u;  // the group's first key carries its bytes
+  const int64_t s = int64_t(doc_begin + min(k0 + lane * tiling::kScaleBlock, len - 1)) * heads + head;
+  return uint32_t(__ldg(k_scales + s)) | (uint32_t(__ldg(v_scales + s)) << 8);
 }
 
 }  // namespace flamia::cuda::sm90
