@@ -28,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "core/operand_layout.h"
 #include "core/tiling.h"
@@ -37,6 +38,7 @@
 #include "cuda/sm90/fp8_math.cuh"
 #include "cuda/sm90/key_scales.cuh"
 #include "cuda/sm90/launch.cuh"
+#include "cuda/sm90/step_timeline.cuh"
 #include "cuda/sm90/tensor_map.h"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
@@ -348,7 +350,7 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
                                             const float (&row_pow)[2], bool split_fold, int k0, int len,
                                             bool causal, const int (&rows)[2], const bool (&row_valid)[2], int t,
                                             const float (&lsum_pow)[2], float (&m)[2], float (&l)[2],
-                                            float (&alpha)[2]) {
+                                            float (&alpha)[2], const timeline::StepClock& clock) {
   // Key k0 + 2t + c (c = 8 nb + (e & 1)) is visible to row r iff c < key_limit[r]: inside the
   // document and, causal, at or before the row (one compare per element).
   int key_limit[2];
@@ -374,6 +376,7 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
   }
   for (int r = 0; r < 2; ++r) tile_max[r] = quad_nan_max(tile_max[r]);
   update_running_max(tile_max, m, l, alpha);
+  clock.stamp(timeline::kMaxUpdated);
   // The tile's sum of unrounded p, added to l in l's units (lsum_pow: see GroupFold) at the end.
   float tile_l[2] = {0.f, 0.f};
   auto add_tile_sum = [&] {
@@ -444,7 +447,7 @@ template <int D>
 __device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const KeyTileStage<D>& st,
                                               const float (&q_factor)[2], const float (&row_pow)[2],
                                               const float (&lsum_pow)[2], int t, float (&m)[2], float (&l)[2],
-                                              float (&alpha)[2]) {
+                                              float (&alpha)[2], const timeline::StepClock& clock) {
   // Four partial maxima per row (the max is exact in any order), so that no chain of dependent
   // instructions runs through all 32 of a row's elements.
   float part_max[2][4];
@@ -469,6 +472,7 @@ __device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const Ke
     tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2)) * q_factor[r];
   }
   update_running_max(tile_max, m, l, alpha);
+  clock.stamp(timeline::kMaxUpdated);
   // -m, except where every score so far overflowed to -inf (p = 0 then, not NaN).
   for (int r = 0; r < 2; ++r) neg_m[r] = m[r] == -INFINITY ? 0.f : -m[r];
 
@@ -506,7 +510,8 @@ __device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const Ke
 template <int D>
 __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], const KeyTileStage<D>& st,
                                                       const float (&q_factor)[2], const float (&lsum_exp)[2],
-                                                      float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+                                                      float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                                      const timeline::StepClock& clock) {
   constexpr int kGroups = kTileGroups, kBlocksPerGroup = kKeyBlocks / kGroups;
   static_assert(kGroups == 4, "four groups per tile: four partial maxima per row");
   float group_max[2][kGroups];
@@ -535,6 +540,7 @@ __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], 
     tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2)) * q_factor[r];
   }
   update_running_max(tile_max, m, l, alpha);
+  clock.stamp(timeline::kMaxUpdated);
   // b_i - m, with -m taken as 0 where every score so far overflowed to -inf (p = 0 then, not NaN).
   for (int r = 0; r < 2; ++r) bias[r] = lsum_exp[r] - (m[r] == -INFINITY ? 0.f : m[r]);
 
@@ -633,14 +639,15 @@ __device__ __forceinline__ ItemRows item_rows(const ForwardParams& p, const CtaW
 template <int D, bool kInteriorCodes>
 __device__ __forceinline__ void interior_softmax(const ForwardParams& p, const ItemRows& it,
                                                  const KeyTileStage<D>& st, int i, float (&s)[kKeyTile / 2],
-                                                 float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+                                                 float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                                 const timeline::StepClock& clock) {
   fence_accumulators(s);
   if (tile_grouped<kInteriorCodes>(p, i)) {
-    interior_tile_grouped(s, st, it.q_factor, it.lsum_exp, m, l, alpha);
+    interior_tile_grouped(s, st, it.q_factor, it.lsum_exp, m, l, alpha, clock);
   } else {
     float lsum_pow[2];
     lsum_units(it, lsum_pow);
-    interior_tile(s, st, it.q_factor, it.row_pow, lsum_pow, consumer_thread().t, m, l, alpha);
+    interior_tile(s, st, it.q_factor, it.row_pow, lsum_pow, consumer_thread().t, m, l, alpha, clock);
   }
 }
 // Tile i's softmax, masked or interior. A tile is interior when every key is visible to every row:
@@ -652,17 +659,18 @@ __device__ __forceinline__ void interior_softmax(const ForwardParams& p, const I
 template <int D, bool kInteriorCodes, bool kSkipUnseenSpans>
 __device__ __forceinline__ void tile_softmax(const ForwardParams& p, const ItemRows& it, const KeyTileStage<D>& st,
                                              int i, float (&s)[kKeyTile / 2], float (&m)[2], float (&l)[2],
-                                             float (&alpha)[2]) {
+                                             float (&alpha)[2], const timeline::StepClock& clock) {
   const int k0 = key_tile_start(it.w, i);
   if (k0 + kKeyTile <= it.w.len && (!p.causal || k0 + kKeyTile - 1 <= it.w.q0)) {
-    interior_softmax<D, kInteriorCodes>(p, it, st, i, s, m, l, alpha);
+    interior_softmax<D, kInteriorCodes>(p, it, st, i, s, m, l, alpha, clock);
     return;
   }
   fence_accumulators(s);
   float lsum_pow[2];
   lsum_units(it, lsum_pow);
   masked_tile<D, kSkipUnseenSpans>(s, st, it.q_factor, it.fold_bias, it.row_pow, it.split_fold, k0, it.w.len,
-                                   p.causal, it.rows, it.row_valid, consumer_thread().t, lsum_pow, m, l, alpha);
+                                   p.causal, it.rows, it.row_valid, consumer_thread().t, lsum_pow, m, l, alpha,
+                                   clock);
 }
 
 // An item's end: full row sums across the 4 lanes of a row (back from units of 2^b_i: exact), then
@@ -734,6 +742,9 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
     l[0] = l[1] = 0.f;
   };
 
+  // The loop's steps are recorded in timeline builds (step_timeline.cuh), an item's first step not.
+  timeline::StepClock clock = timeline::StepClock::for_thread(me.warp, lane);
+  const timeline::StepClock idle_clock{};
   ItemRows it;
   if (!published(0, 0, it)) return;
   // A step waits for its stage, then issues its products, in a turn with kTurns (the two consumers
@@ -750,26 +761,36 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
     wgmma_wait<0>();
     start_item();
     float alpha[2];
-    tile_softmax<D, kInteriorCodes, kLeanSteps>(p, it, stage(it.key_uses), 0, s, m, l, alpha);  // O is still 0
+    tile_softmax<D, kInteriorCodes, kLeanSteps>(p, it, stage(it.key_uses), 0, s, m, l, alpha,
+                                                idle_clock);  // O is still 0
     pack_a_operand<kKeyTile>(s, pa);
   }
   for (int n = 0;; ++n) {
     for (int i = 1; i < it.w.tiles; ++i) {
+      clock.at_step(it.key_uses + i);
+      clock.stamp(timeline::kStepStart);
       sm.ring.wait_full(it.key_uses + i);
+      clock.stamp(timeline::kTileLanded);
       turns.begin();
+      clock.stamp(timeline::kTurnTaken);
       wgmma_fence();
       issue_s(it, i);
       issue_pv(it, i - 1);
       turns.end();
+      clock.stamp(timeline::kIssued);
       wgmma_wait<1>();  // S_i is done; P.V may still run
+      clock.stamp(timeline::kScoresReady);
       float alpha[2];
-      if constexpr (kLeanSteps) interior_softmax<D, kInteriorCodes>(p, it, stage(it.key_uses + i), i, s, m, l, alpha);
-      else tile_softmax<D, kInteriorCodes, false>(p, it, stage(it.key_uses + i), i, s, m, l, alpha);
+      const KeyTileStage<D>& st = stage(it.key_uses + i);
+      if constexpr (kLeanSteps) interior_softmax<D, kInteriorCodes>(p, it, st, i, s, m, l, alpha, clock);
+      else tile_softmax<D, kInteriorCodes, false>(p, it, st, i, s, m, l, alpha, clock);
+      clock.stamp(timeline::kSoftmaxDone);
       wgmma_wait<0>();
       fence_accumulators(o_acc);
       if (lane == 0) sm.ring.arrive_empty(it.key_uses + i - 1);  // this warp is done with tile i-1
       rescale_output(o_acc, alpha);
       pack_a_operand<kKeyTile>(s, pa);
+      clock.stamp(timeline::kPacked);
     }
     // Item n's Q tile is done with (its last S is), so its buffer goes back to the publisher.
     if (lane == 0) sm.q_ring.arrive_empty(n);
@@ -795,7 +816,8 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
     turns.end();
     wgmma_wait<1>();  // the next item's S_0 is done; this item's last P.V may still run
     float next_m[2] = {-INFINITY, -INFINITY}, next_l[2] = {0.f, 0.f}, alpha[2];
-    tile_softmax<D, kInteriorCodes, kLeanSteps>(p, next, stage(next.key_uses), 0, s, next_m, next_l, alpha);  // O is 0
+    tile_softmax<D, kInteriorCodes, kLeanSteps>(p, next, stage(next.key_uses), 0, s, next_m, next_l, alpha,
+                                                idle_clock);  // O is 0
     wgmma_wait<0>();
     fence_accumulators(o_acc);
     if (lane == 0) sm.ring.arrive_empty(it.key_uses + last);  // the ring runs on into the next item
@@ -851,7 +873,10 @@ int launch_forward(const ForwardParams& p, void* stream) {
     }
     if (e != cudaSuccess) return e;
     const int64_t items = order::table_entries(p.total_tokens, p.num_docs) * p.q_heads;
-    const bool turns = consumers_take_turns(p.group_scales || p.interior_codes, p.total_tokens, p.num_docs);
+    bool turns = consumers_take_turns(p.group_scales || p.interior_codes, p.total_tokens, p.num_docs);
+    if constexpr (timeline::kRecording) {  // diagnostics: FLAMIA_TIMELINE_TURNS=0/1 overrides the choice
+      if (const char* force = std::getenv("FLAMIA_TIMELINE_TURNS")) turns = force[0] == '1';
+    }
     const auto kernel = p.interior_codes ? (turns ? forward_kernel<D, true, true> : forward_kernel<D, false, true>)
                                          : (turns ? forward_kernel<D, true, false> : forward_kernel<D, false, false>);
     return launch_persistent(kernel, args, kSharedBytes<D>, kThreads, items, p.work_counter,
@@ -860,3 +885,32 @@ int launch_forward(const ForwardParams& p, void* stream) {
 }
 
 }  // namespace flamia::cuda::sm90
+
+#ifdef FLAMIA_FORWARD_TIMELINE
+// The timeline's C entry points (bench/forward_timeline.py reads the buffer through ctypes), in
+// timeline builds only; the version script exports them with the API's flamia_* names.
+extern "C" {
+// The buffer's shape: {CTAs, consumer warps, steps, events} (step_timeline.cuh).
+void flamia_debug_forward_timeline_shape(int shape[4]) {
+  using namespace flamia::cuda::sm90::timeline;
+  shape[0] = kCtas, shape[1] = kConsumerWarps, shape[2] = kSteps, shape[3] = kEvents;
+}
+// The name of event e (0 .. events - 1), else null.
+const char* flamia_debug_forward_timeline_event(int e) {
+  using namespace flamia::cuda::sm90::timeline;
+  return e >= 0 && e < kEvents ? kEventNames[e] : nullptr;
+}
+// Zeroes the buffer (synchronous); returns the cudaError_t as an int.
+int flamia_debug_forward_timeline_clear() {
+  void* address = nullptr;
+  cudaError_t e = cudaGetSymbolAddress(&address, flamia::cuda::sm90::timeline::g_stamps);
+  if (e == cudaSuccess) e = cudaMemset(address, 0, sizeof(flamia::cuda::sm90::timeline::g_stamps));
+  return int(e);
+}
+// Copies the buffer (bytes must be its size) to host memory after the device's work so far.
+int flamia_debug_forward_timeline_read(void* host, size_t bytes) {
+  if (bytes != sizeof(flamia::cuda::sm90::timeline::g_stamps)) return int(cudaErrorInvalidValue);
+  return int(cudaMemcpyFromSymbol(host, flamia::cuda::sm90::timeline::g_stamps, bytes));
+}
+}
+#endif

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Where a step of the forward's tile loop spends its cycles: the clock timeline that a library
+built with FLAMIA_FORWARD_TIMELINE records (src/cuda/sm90/step_timeline.cuh). Lane 0 of each
+consumer warp of the first CTAs stamps the SM clock at eight events of every loop step; this runs
+one inference forward per workload, reads the stamps back and prints, per consumer warpgroup, the
+median cycles of each phase (named by the event that ends it), the step period, how far the
+second warpgroup runs behind the first, and how long each warp takes from its warpgroup's scores
+to the end of its softmax (a warpgroup's next products wait for its slowest warp).
+
+The stamps cost the kernel ~4-5%, so read phases against each other, not as absolute times; time
+kernels with bench/kernel_breakdown.py on a normal build.
+
+Usage (repo root, GPU machine): bash scripts/timeline_gpu.sh [--workloads 4x16384,16x4096]
+  [--turns auto|0|1] [--json out.json]
+(it builds the library into build-timeline/ and runs this with FLAMIA_CAPI_LIB pointing at it).
+"""
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import workloads as W  # noqa: E402
+
+SKIP_STEPS = 20  # the first ring uses of each CTA: its start-up, not the steady state
+WRAP = 1 << 32   # %clock is 32 bits wide
+
+
+def _delta(later, earlier):
+    return (later - earlier) % WRAP
+
+
+def _median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def summarize(stamps, shape, events, skip=SKIP_STEPS):
+    """stamps: the flat buffer [ctas][warps][steps][events] (0: not recorded), shape its four sizes,
+    events the event names. Returns a dict: per warpgroup the step period, the phases (name,
+    median cycles) and the rest of the period; the second warpgroup's lag behind the first (its
+    warp 0's "issued" after the first's, modulo the first's period); per warp the cycles from its
+    warpgroup's first "scores ready" to its "softmax done". Steps count where every event of the
+    step was recorded in every warp of the CTA (an item's first step never is)."""
+    ctas, warps, steps, n_events = shape
+    if len(events) != n_events or warps % 4:
+        raise ValueError(f"shape {shape} does not fit {len(events)} events and whole warpgroups")
+    at = lambda c, w, s, e: stamps[((c * warps + w) * steps + s) * n_events + e]  # noqa: E731
+    complete = lambda c, s: all(at(c, w, s, e) for w in range(warps) for e in range(n_events))  # noqa: E731
+    scores, softmax_done = events.index("scores ready"), events.index("softmax done")
+    groups = warps // 4
+    period = [[] for _ in range(groups)]
+    phases = [[[] for _ in range(n_events - 1)] for _ in range(groups)]
+    rest = [[] for _ in range(groups)]
+    finish = [[] for _ in range(warps)]
+    lag = []
+    recorded = 0
+    for c in range(ctas):
+        ok = [complete(c, s) for s in range(steps)]
+        for s in range(skip, steps):
+            if not ok[s]:
+                continue
+            recorded += 1
+            for g in range(groups):
+                ws = range(4 * g, 4 * g + 4)
+                for w in ws:
+                    for e in range(n_events - 1):
+                        phases[g][e].append(_delta(at(c, w, s, e + 1), at(c, w, s, e)))
+                first_scores = min(at(c, w, s, scores) for w in ws)
+                for w in ws:
+                    finish[w].append(_delta(at(c, w, s, softmax_done), first_scores))
+                if s + 1 < steps and ok[s + 1]:
+                    w0 = 4 * g
+                    period[g].append(_delta(at(c, w0, s + 1, 0), at(c, w0, s, 0)))
+                    rest[g].append(_delta(at(c, w0, s + 1, 0), at(c, w0, s, n_events - 1)))
+            if groups > 1:
+                lag.append(_delta(at(c, 4, s, events.index("issued")), at(c, 0, s, events.index("issued"))))
+    out = {"steps": recorded, "warpgroups": []}
+    for g in range(groups):
+        p = _median(period[g])
+        out["warpgroups"].append({
+            "period": p,
+            "phases": [(events[e + 1], _median(phases[g][e])) for e in range(n_events - 1)],
+            "rest": _median(rest[g]),
+        })
+    p0 = out["warpgroups"][0]["period"]
+    out["lag"] = _median([x % p0 for x in lag]) if lag and p0 == p0 and p0 > 0 else float("nan")
+    out["warp_finish"] = [_median(f) for f in finish]
+    return out
+
+
+def markdown(rows):
+    """rows: (label, summary) pairs -> the phase table and the per-warp table, markdown lines."""
+    if not rows:
+        return []
+    phase_names = [name for name, _ in rows[0][1]["warpgroups"][0]["phases"]]
+    lines = ["| run | warpgroup | steps | period | " + " | ".join(f"until {n}" for n in phase_names) + " | rest | lag |",
+             "|---" * (6 + len(phase_names)) + "|"]
+    for label, s in rows:
+        for g, wg in enumerate(s["warpgroups"]):
+            cells = " | ".join(f"{v:.0f}" for _, v in wg["phases"])
+            lag = f"{s['lag']:.0f}" if g == 1 else "-"
+            lines.append(f"| {label} | {g} | {s['steps']} | {wg['period']:.0f} | {cells} | {wg['rest']:.0f} | {lag} |")
+    warps = len(rows[0][1]["warp_finish"])
+    lines += ["", "Cycles from the warpgroup's scores to each warp's softmax done (warp w of warpgroup g runs "
+              "on SM sub-partition w, beside producer warp w if w < 3):", "",
+              "| run | " + " | ".join(f"wg{w // 4} w{w % 4}" for w in range(warps)) + " |",
+              "|---" * (1 + warps) + "|"]
+    for label, s in rows:
+        lines.append(f"| {label} | " + " | ".join(f"{v:.0f}" for v in s["warp_finish"]) + " |")
+    return lines
+
+
+def _library():
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    from flamia import _capi  # noqa: E402
+    lib = ctypes.CDLL(str(_capi.library_path()))
+    if not hasattr(lib, "flamia_debug_forward_timeline_shape"):
+        sys.exit(f"forward_timeline: {_capi.library_path()} was built without the timeline "
+                 "(cmake -DFLAMIA_FORWARD_TIMELINE=ON; scripts/timeline_gpu.sh does it)")
+    shape = (ctypes.c_int * 4)()
+    lib.flamia_debug_forward_timeline_shape(shape)
+    lib.flamia_debug_forward_timeline_event.restype = ctypes.c_char_p
+    events = [lib.flamia_debug_forward_timeline_event(e).decode() for e in range(shape[3])]
+    return lib, tuple(shape), events
+
+
+def record(torch, flamia, lib, shape, name, warmup=3):
+    """One inference forward of workload `name` recorded: the flat stamp buffer."""
+    q, k, v, _, cu = W.training_inputs(torch, name, requires_grad=False)
+    lens = W.WORKLOADS[name]["lens"]
+    for _ in range(warmup):
+        flamia.attention(q, k, v, cu, max(lens))
+    torch.cuda.synchronize()
+    if lib.flamia_debug_forward_timeline_clear() != 0:
+        raise RuntimeError("flamia_debug_forward_timeline_clear failed")
+    flamia.attention(q, k, v, cu, max(lens))
+    torch.cuda.synchronize()
+    n = shape[0] * shape[1] * shape[2] * shape[3]
+    buf = (ctypes.c_uint32 * n)()
+    if lib.flamia_debug_forward_timeline_read(buf, ctypes.c_size_t(ctypes.sizeof(buf))) != 0:
+        raise RuntimeError("flamia_debug_forward_timeline_read failed")
+    return list(buf)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workloads", default="4x16384,16x4096", help="comma-separated names (default: %(default)s)")
+    p.add_argument("--turns", choices=("auto", "0", "1"), default="auto",
+                   help="consumer turns: the launcher's choice (auto) or forced off/on (FLAMIA_TIMELINE_TURNS)")
+    p.add_argument("--json", help="also write the summaries here")
+    args = p.parse_args(argv)
+    names = args.workloads.split(",")
+    unknown = [n for n in names if n not in W.WORKLOADS]
+    if unknown:
+        p.error(f"unknown workload(s) {unknown}; known: {', '.join(W.WORKLOADS)}")
+    if args.turns != "auto":
+        os.environ["FLAMIA_TIMELINE_TURNS"] = args.turns
+    import torch
+    import flamia
+    lib, shape, events = _library()
+    rows = []
+    for name in names:
+        print(f"forward_timeline: {name} ...", file=sys.stderr)
+        label = name if args.turns == "auto" else f"{name}, turns {args.turns}"
+        rows.append((label, summarize(record(torch, flamia, lib, shape, name), shape, events)))
+    print("\n".join(markdown(rows)))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{"run": label, **s} for label, s in rows], f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
