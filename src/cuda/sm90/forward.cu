@@ -743,6 +743,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   };
 
   // The loop's steps are recorded in timeline builds (step_timeline.cuh), an item's first step not.
+  static_assert(timeline::kConsumerWarps == kConsumerWarps, "the timeline has a row per consumer warp");
   timeline::StepClock clock = timeline::StepClock::for_thread(me.warp, lane);
   const timeline::StepClock idle_clock{};
   ItemRows it;
