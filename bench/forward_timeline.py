@@ -5,7 +5,9 @@ consumer warp of the first CTAs stamps the SM clock at eight events of every loo
 one inference forward per workload, reads the stamps back and prints, per consumer warpgroup, the
 median cycles of each phase (named by the event that ends it), the step period, how far the
 second warpgroup runs behind the first, and how long each warp takes from its warpgroup's scores
-to the end of its softmax (a warpgroup's next products wait for its slowest warp).
+to the end of its softmax (a warpgroup's next products wait for its slowest warp); and per tile
+streamer, where in the consumers' steps its stage comes free (it wakes), how long it takes to hand
+the tile on, and how long before the consumers wait for it.
 
 The stamps cost the kernel ~4-5%, so read phases against each other, not as absolute times; time
 kernels with bench/kernel_breakdown.py on a normal build.
@@ -15,6 +17,7 @@ Usage (repo root, GPU machine): bash scripts/timeline_gpu.sh [--workloads 4x1638
 (it builds the library into build-timeline/ and runs this with FLAMIA_CAPI_LIB pointing at it).
 """
 import argparse
+import bisect
 import ctypes
 import json
 import os
@@ -36,25 +39,47 @@ def _median(values):
     return statistics.median(values) if values else float("nan")
 
 
-def summarize(stamps, shape, events, skip=SKIP_STEPS):
-    """stamps: the flat buffer [ctas][warps][steps][events] (0: not recorded), shape its four sizes,
-    events the event names. Returns a dict: per warpgroup the step period, the phases (name,
-    median cycles) and the rest of the period; the second warpgroup's lag behind the first (its
-    warp 0's "issued" after the first's, modulo the first's period); per warp the cycles from its
-    warpgroup's first "scores ready" to its "softmax done". Steps count where every event of the
-    step was recorded in every warp of the CTA (an item's first step never is)."""
-    ctas, warps, steps, n_events = shape
-    if len(events) != n_events or warps % 4:
-        raise ValueError(f"shape {shape} does not fit {len(events)} events and whole warpgroups")
-    at = lambda c, w, s, e: stamps[((c * warps + w) * steps + s) * n_events + e]  # noqa: E731
+class Layout:
+    """The buffer's layout (step_timeline.cuh): [ctas][rows][steps][len(events)], rows 0 ..
+    consumer_warps - 1 the consumer warps' (their events), the rest the tile streamers' (the first
+    len(streamer_events) slots of each step)."""
+
+    def __init__(self, ctas, rows, steps, events, consumer_warps, streamer_events):
+        if consumer_warps % 4 or consumer_warps > rows or len(streamer_events) > len(events):
+            raise ValueError(f"{rows} rows of {len(events)} events do not fit {consumer_warps} consumer warps "
+                             f"(whole warpgroups) and {len(streamer_events)} streamer events")
+        self.ctas, self.rows, self.steps, self.consumer_warps = ctas, rows, steps, consumer_warps
+        self.events, self.streamer_events = list(events), list(streamer_events)
+
+    def size(self):
+        return self.ctas * self.rows * self.steps * len(self.events)
+
+
+def summarize(stamps, layout, skip=SKIP_STEPS):
+    """stamps: the flat buffer (0: not recorded), layout its Layout. Returns a dict: per warpgroup
+    the step period, the phases (name, median cycles) and the rest of the period; the second
+    warpgroup's lag behind the first (its warp 0's "issued" after the first's, modulo the first's
+    period); per warp the cycles from its warpgroup's first "scores ready" to its "softmax done";
+    per streamer the median cycle of WG0's step and of WG1's step at which its stage comes free,
+    the cycles until it hands the tile on, and the cycles from then until the consumers' warp 0
+    sees the tile landed. Consumer steps count where every event of the step was recorded in every
+    consumer warp of the CTA (an item's first step never is)."""
+    ctas, rows, steps, warps = layout.ctas, layout.rows, layout.steps, layout.consumer_warps
+    events, n_events = layout.events, len(layout.events)
+    at = lambda c, w, s, e: stamps[((c * rows + w) * steps + s) * n_events + e]  # noqa: E731
     complete = lambda c, s: all(at(c, w, s, e) for w in range(warps) for e in range(n_events))  # noqa: E731
     scores, softmax_done = events.index("scores ready"), events.index("softmax done")
+    issued, landed = events.index("issued"), events.index("tile landed")
     groups = warps // 4
     period = [[] for _ in range(groups)]
     phases = [[[] for _ in range(n_events - 1)] for _ in range(groups)]
     rest = [[] for _ in range(groups)]
     finish = [[] for _ in range(warps)]
     lag = []
+    streamers = rows - warps
+    wake = [[[] for _ in range(groups)] for _ in range(streamers)]
+    hand_on = [[] for _ in range(streamers)]
+    slack = [[] for _ in range(streamers)]
     recorded = 0
     for c in range(ctas):
         ok = [complete(c, s) for s in range(steps)]
@@ -75,7 +100,31 @@ def summarize(stamps, shape, events, skip=SKIP_STEPS):
                     period[g].append(_delta(at(c, w0, s + 1, 0), at(c, w0, s, 0)))
                     rest[g].append(_delta(at(c, w0, s + 1, 0), at(c, w0, s, n_events - 1)))
             if groups > 1:
-                lag.append(_delta(at(c, 4, s, events.index("issued")), at(c, 0, s, events.index("issued"))))
+                lag.append(_delta(at(c, 4, s, issued), at(c, 0, s, issued)))
+        # The streamers against the consumers' steps: times as signed offsets from a reference
+        # (the clock wraps, a run lasts far less than 2^31 cycles).
+        good = [s for s in range(skip, steps) if ok[s]]
+        if not good or not streamers:
+            continue
+        ref = at(c, 0, good[0], 0)
+        signed = lambda t: (t - ref + WRAP // 2) % WRAP - WRAP // 2  # noqa: E731
+        starts = [sorted(signed(at(c, 4 * g, s, 0)) for s in good) for g in range(groups)]
+        for k in range(streamers):
+            r = warps + k
+            for s in range(skip, steps):
+                free, handed = at(c, r, s, 0), at(c, r, s, 1)
+                if not (free and handed):
+                    continue
+                hand_on[k].append(_delta(handed, free))
+                if ok[s]:
+                    slack[k].append(_delta(at(c, 0, s, landed), handed))
+                t = signed(free)
+                for g in range(groups):
+                    i = bisect.bisect_right(starts[g], t) - 1
+                    if i >= 0 and i + 1 < len(starts[g]):
+                        step_length = starts[g][i + 1] - starts[g][i]
+                        if t - starts[g][i] < step_length and step_length < 2 * _median(period[g] or [step_length]):
+                            wake[k][g].append(t - starts[g][i])
     out = {"steps": recorded, "warpgroups": []}
     for g in range(groups):
         p = _median(period[g])
@@ -87,6 +136,9 @@ def summarize(stamps, shape, events, skip=SKIP_STEPS):
     p0 = out["warpgroups"][0]["period"]
     out["lag"] = _median([x % p0 for x in lag]) if lag and p0 == p0 and p0 > 0 else float("nan")
     out["warp_finish"] = [_median(f) for f in finish]
+    out["streamers"] = [{"stage free into step": [_median(wake[k][g]) for g in range(groups)],
+                         "hand on": _median(hand_on[k]), "ahead of the consumers": _median(slack[k])}
+                        for k in range(streamers)]
     return out
 
 
@@ -109,6 +161,17 @@ def markdown(rows):
               "|---" * (1 + warps) + "|"]
     for label, s in rows:
         lines.append(f"| {label} | " + " | ".join(f"{v:.0f}" for v in s["warp_finish"]) + " |")
+    if rows[0][1]["streamers"]:
+        lines += ["", "Tile streamers (streamer 0 on sub-partition 0, streamer 1 on 2): the cycle of each warpgroup's "
+                  "step at which a stage comes free (the streamer wakes), the cycles to hand the tile on, and how "
+                  "far ahead of the consumers' wait it lands:", "",
+                  "| run | streamer | stage free, cycle of WG0's step | of WG1's step | hand on | ahead |",
+                  "|---|---|---|---|---|---|"]
+        for label, s in rows:
+            for k, st in enumerate(s["streamers"]):
+                into = st["stage free into step"] + [float("nan")] * (2 - len(st["stage free into step"]))
+                lines.append(f"| {label} | {k} | {into[0]:.0f} | {into[1]:.0f} | {st['hand on']:.0f} | "
+                             f"{st['ahead of the consumers']:.0f} |")
     return lines
 
 
@@ -119,14 +182,17 @@ def _library():
     if not hasattr(lib, "flamia_debug_forward_timeline_shape"):
         sys.exit(f"forward_timeline: {_capi.library_path()} was built without the timeline "
                  "(cmake -DFLAMIA_FORWARD_TIMELINE=ON; scripts/timeline_gpu.sh does it)")
-    shape = (ctypes.c_int * 4)()
+    shape = (ctypes.c_int * 6)()
     lib.flamia_debug_forward_timeline_shape(shape)
     lib.flamia_debug_forward_timeline_event.restype = ctypes.c_char_p
-    events = [lib.flamia_debug_forward_timeline_event(e).decode() for e in range(shape[3])]
-    return lib, tuple(shape), events
+    lib.flamia_debug_forward_timeline_event.argtypes = [ctypes.c_int, ctypes.c_int]
+    name = lambda e, streamer: lib.flamia_debug_forward_timeline_event(e, streamer).decode()  # noqa: E731
+    layout = Layout(shape[0], shape[1], shape[2], [name(e, 0) for e in range(shape[3])], shape[4],
+                    [name(e, 1) for e in range(shape[5])])
+    return lib, layout
 
 
-def record(torch, flamia, lib, shape, name, warmup=3):
+def record(torch, flamia, lib, layout, name, warmup=3):
     """One inference forward of workload `name` recorded: the flat stamp buffer."""
     q, k, v, _, cu = W.training_inputs(torch, name, requires_grad=False)
     lens = W.WORKLOADS[name]["lens"]
@@ -137,8 +203,7 @@ def record(torch, flamia, lib, shape, name, warmup=3):
         raise RuntimeError("flamia_debug_forward_timeline_clear failed")
     flamia.attention(q, k, v, cu, max(lens))
     torch.cuda.synchronize()
-    n = shape[0] * shape[1] * shape[2] * shape[3]
-    buf = (ctypes.c_uint32 * n)()
+    buf = (ctypes.c_uint32 * layout.size())()
     if lib.flamia_debug_forward_timeline_read(buf, ctypes.c_size_t(ctypes.sizeof(buf))) != 0:
         raise RuntimeError("flamia_debug_forward_timeline_read failed")
     return list(buf)
@@ -159,12 +224,12 @@ def main(argv=None):
         os.environ["FLAMIA_TIMELINE_TURNS"] = args.turns
     import torch
     import flamia
-    lib, shape, events = _library()
+    lib, layout = _library()
     rows = []
     for name in names:
         print(f"forward_timeline: {name} ...", file=sys.stderr)
         label = name if args.turns == "auto" else f"{name}, turns {args.turns}"
-        rows.append((label, summarize(record(torch, flamia, lib, shape, name), shape, events)))
+        rows.append((label, summarize(record(torch, flamia, lib, layout, name), layout)))
     print("\n".join(markdown(rows)))
     if args.json:
         with open(args.json, "w") as f:

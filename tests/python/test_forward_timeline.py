@@ -1,5 +1,5 @@
 """bench/forward_timeline.py's summary of the forward's clock timeline (step_timeline.cuh), on a
-synthetic buffer whose phases, period, lag and per-warp finish times are known."""
+synthetic buffer whose phases, period, lag, per-warp finish times and streamer times are known."""
 import pathlib
 import sys
 
@@ -14,30 +14,40 @@ EVENTS = ["step start", "tile landed", "turn taken", "issued", "scores ready", "
           "packed"]
 OFFSETS = [0, 10, 30, 100, 200, 350, 900, 1000]  # each event's cycle within a step (warp 0)
 PERIOD, LAG = 2000, 500
-SHAPE = (2, 8, 40, len(EVENTS))
+STREAMER_EVENTS = ["stage free", "tile handed on"]
+LAYOUT = T.Layout(2, 10, 40, EVENTS, 8, STREAMER_EVENTS)
+# streamer k: use s's stage comes free FREE_AT + 100 k cycles into warpgroup 0's step s - AHEAD_STEPS
+# and is handed on HAND_ON cycles later
+FREE_AT, HAND_ON, AHEAD_STEPS = 1200, 50, 3
 
 
 def buffer(start=1000, missing=(), partial=()):
     """Steps s of every CTA at start + s * PERIOD (+ LAG for warpgroup 1); warp w's softmax ends
     10 (w % 4) cycles later than warp 0's. `missing` steps are not recorded at all, `partial` ones
     lack one warp's last event."""
-    ctas, warps, steps, events = SHAPE
-    out = [0] * (ctas * warps * steps * events)
-    for c in range(ctas):
-        for w in range(warps):
-            for s in range(steps):
+    L = LAYOUT
+    events = len(L.events)
+    out = [0] * L.size()
+    for c in range(L.ctas):
+        for w in range(L.rows):
+            for s in range(L.steps):
                 if s in missing:
+                    continue
+                slot = lambda e: ((c * L.rows + w) * L.steps + s) * events + e  # noqa: E731
+                if w >= L.consumer_warps:  # a streamer
+                    free = start + (s - AHEAD_STEPS) * PERIOD + FREE_AT + 100 * (w - L.consumer_warps)
+                    out[slot(0)], out[slot(1)] = free % (1 << 32), (free + HAND_ON) % (1 << 32)
                     continue
                 for e in range(events):
                     if s in partial and w == 3 and e == events - 1:
                         continue
                     t = start + s * PERIOD + LAG * (w // 4) + OFFSETS[e] + (10 * (w % 4) if e == 6 else 0)
-                    out[((c * warps + w) * steps + s) * events + e] = t % (1 << 32)
+                    out[slot(e)] = t % (1 << 32)
     return out
 
 
 def test_phases_period_lag_and_warp_finish():
-    s = T.summarize(buffer(), SHAPE, EVENTS, skip=4)
+    s = T.summarize(buffer(), LAYOUT, skip=4)
     assert s["steps"] == 2 * (40 - 4)
     for wg in s["warpgroups"]:
         assert wg["period"] == PERIOD
@@ -49,30 +59,39 @@ def test_phases_period_lag_and_warp_finish():
         assert phases["softmax done"] == 550 + 15 and phases["packed"] == 100 - 15
     assert s["lag"] == LAG
     assert s["warp_finish"] == [700 + 10 * (w % 4) for w in range(8)]
+    for k, st in enumerate(s["streamers"]):
+        assert st["stage free into step"] == [FREE_AT + 100 * k, FREE_AT - LAG + 100 * k]
+        assert st["hand on"] == HAND_ON
+        assert st["ahead of the consumers"] == AHEAD_STEPS * PERIOD + OFFSETS[1] - FREE_AT - 100 * k - HAND_ON
 
 
 def test_clock_wrap_and_unrecorded_steps():
     # the clock wraps inside the run; step 10 is not recorded and step 20 lacks one stamp: neither
     # counts, and their neighbours give no period across them
     # (+ 7: no stamp lands on 0, which would read as unrecorded)
-    s = T.summarize(buffer(start=(1 << 32) - 30 * PERIOD + 7, missing={10}, partial={20}), SHAPE, EVENTS, skip=4)
+    s = T.summarize(buffer(start=(1 << 32) - 30 * PERIOD + 7, missing={10}, partial={20}), LAYOUT, skip=4)
     assert s["steps"] == 2 * (40 - 4 - 2)
     assert all(wg["period"] == PERIOD for wg in s["warpgroups"])
     assert s["lag"] == LAG and s["warp_finish"][4:] == [700, 710, 720, 730]
 
 
-def test_shape_must_fit_the_events():
+def test_layout_must_fit():
     with pytest.raises(ValueError):
-        T.summarize(buffer(), SHAPE, EVENTS[:-1])
+        T.Layout(2, 10, 40, EVENTS, 6, STREAMER_EVENTS)  # not whole warpgroups
+    with pytest.raises(ValueError):
+        T.Layout(2, 10, 40, EVENTS[:1], 8, STREAMER_EVENTS)  # streamer events wider than a step
 
 
 def test_markdown_tables():
-    s = T.summarize(buffer(), SHAPE, EVENTS, skip=4)
+    s = T.summarize(buffer(), LAYOUT, skip=4)
     lines = T.markdown([("synthetic", s)])
     header, rule, wg0, wg1 = lines[:4]
     assert header.count("|") == rule.count("|") == wg0.count("|") == 14  # run, wg, steps, period, 7 phases, rest, lag
     assert wg0.split("|")[4].strip() == str(PERIOD) and wg1.split("|")[-2].strip() == str(LAG)
-    assert lines[-1].split("|")[2:-1] == [f" {700 + 10 * (w % 4)} " for w in range(8)]
+    warp_rows = [line for line in lines if line.startswith("| synthetic |") and line.count("|") == 10]
+    assert warp_rows[0].split("|")[2:-1] == [f" {700 + 10 * (w % 4)} " for w in range(8)]
+    streamer_rows = [line for line in lines if line.startswith("| synthetic |") and line.count("|") == 7]
+    assert [r.split("|")[2:5] for r in streamer_rows] == [[" 0 ", " 1200 ", " 700 "], [" 1 ", " 1300 ", " 800 "]]
 
 
 def test_the_normal_library_records_no_timeline():

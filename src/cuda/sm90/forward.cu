@@ -218,12 +218,16 @@ __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const
   uint32_t next_groups = load_group_scales(0);
   const int neg_c = w.c_exp == kNaNExponent ? kNaNExponent : -w.c_exp;
   const float inv_c = pow2i(neg_c);
+  static_assert(timeline::kStreamers == kTileStreamers, "the timeline has a row per tile streamer");
+  timeline::StepClock clock = timeline::StepClock::for_streamer(kStreamer, lane);  // timeline builds only
   for (int i = 0; i < w.tiles; ++i) {
     const int k0 = key_tile_start(w, i), use = key_uses + i;
     KeyTileStage<D>& st = sm.stage[sm.ring.stage(use)];
     const TileScaleBytes bytes = next;
     const uint32_t group_bytes = next_groups;
     sm.ring.wait_empty(use);
+    clock.at_step(use);
+    clock.stamp(timeline::kStageFree);
     if (kStreamer == 0 && lane == 0) {
       uint64_t& full = sm.ring.full_barrier(use);
       barrier_expect_bytes(full, 2 * kKeyTile * D);
@@ -237,6 +241,7 @@ __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const
     if (per_key(i)) store_lane_scales<D, Share::kFirst, Share::kCount>(bytes, w, inv_c, k0, lane, st);
     if (kStreamer == 0 && tile_grouped<kInteriorCodes>(p, i)) store_group_factors(group_bytes, neg_c, i != 0, lane, st);
     sm.ring.arrive_full(use);
+    clock.stamp(timeline::kTileHandedOn);
   }
 }
 
@@ -744,7 +749,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
 
   // The loop's steps are recorded in timeline builds (step_timeline.cuh), an item's first step not.
   static_assert(timeline::kConsumerWarps == kConsumerWarps, "the timeline has a row per consumer warp");
-  timeline::StepClock clock = timeline::StepClock::for_thread(me.warp, lane);
+  timeline::StepClock clock = timeline::StepClock::for_consumer(me.warp, lane);
   const timeline::StepClock idle_clock{};
   ItemRows it;
   if (!published(0, 0, it)) return;
@@ -891,14 +896,18 @@ int launch_forward(const ForwardParams& p, void* stream) {
 // The timeline's C entry points (bench/forward_timeline.py reads the buffer through ctypes), in
 // timeline builds only; the version script exports them with the API's flamia_* names.
 extern "C" {
-// The buffer's shape: {CTAs, consumer warps, steps, events} (step_timeline.cuh).
-void flamia_debug_forward_timeline_shape(int shape[4]) {
+// The buffer's shape: {CTAs, rows, steps, events, consumer warps, streamer events}: rows 0 .. consumer
+// warps - 1 are the consumer warps', the rest the tile streamers' (step_timeline.cuh).
+void flamia_debug_forward_timeline_shape(int shape[6]) {
   using namespace flamia::cuda::sm90::timeline;
-  shape[0] = kCtas, shape[1] = kConsumerWarps, shape[2] = kSteps, shape[3] = kEvents;
+  shape[0] = kCtas, shape[1] = kRows, shape[2] = kSteps, shape[3] = kEvents;
+  shape[4] = kConsumerWarps, shape[5] = kStreamerEvents;
 }
-// The name of event e (0 .. events - 1), else null.
-const char* flamia_debug_forward_timeline_event(int e) {
+// The name of a consumer warp's event e (0 .. events - 1), or with streamer != 0 of a streamer's
+// (0 .. streamer events - 1); else null.
+const char* flamia_debug_forward_timeline_event(int e, int streamer) {
   using namespace flamia::cuda::sm90::timeline;
+  if (streamer) return e >= 0 && e < kStreamerEvents ? kStreamerEventNames[e] : nullptr;
   return e >= 0 && e < kEvents ? kEventNames[e] : nullptr;
 }
 // Zeroes the buffer (synchronous); returns the cudaError_t as an int.

@@ -1,8 +1,9 @@
 // Diagnostics: a clock timeline of the forward's tile loop (the build option FLAMIA_FORWARD_TIMELINE,
 // off by default; bench/forward_timeline.py reads and summarizes it). With the option on, lane 0 of
 // each consumer warp of CTAs 0 .. kCtas - 1 stores the SM clock (%clock) at each Event of every
-// loop step, indexed by the step's key-ring use, into one buffer in global memory; an item's first
-// tile (its step 0, outside the loop) is not recorded. Nsight Compute says which instructions stall
+// loop step, indexed by the step's key-ring use, into one buffer in global memory (an item's first
+// tile, its step 0 outside the loop, is not recorded), and lane 0 of each tile streamer at its
+// StreamerEvents of every tile it streams, indexed by the same ring use. Nsight Compute says which instructions stall
 // summed over the kernel; this says how long each phase of a step takes and how the two consumer
 // warpgroups and the four warps of one fall against each other (session 29: docs/KERNELS.md).
 // The stamps themselves cost the kernel ~4-5%. With the option off a StepClock is empty and every
@@ -25,12 +26,22 @@ enum Event : int {
   kPacked,       // P.V_{i-1} has finished, O is rescaled and P~_i packed: the step's end
   kEvents
 };
+// A tile streamer's stamps of one tile (use u of the key ring), in the first kStreamerEvents slots of
+// its row's step u.
+enum StreamerEvent : int {
+  kStageFree,    // use u's stage is free: the consumers released use u - kStages
+  kTileHandedOn  // the streamer arrived on use u's "full" (its loads issued, its factors stored)
+};
+constexpr int kStreamerEvents = 2;
+static_assert(kStreamerEvents <= kEvents, "a streamer's events fit a step's slots");
 // Their names, for the readers (bench/forward_timeline.py names each phase by the event that ends it).
 inline constexpr const char* kEventNames[kEvents] = {"step start",   "tile landed",  "turn taken",   "issued",
                                                      "scores ready", "max updated", "softmax done", "packed"};
-// The buffer: [kCtas][kConsumerWarps][kSteps][kEvents] unsigned 32-bit clocks (0: not recorded).
-constexpr int kCtas = 4, kConsumerWarps = 8, kSteps = 384;
-constexpr int kStamps = kCtas * kConsumerWarps * kSteps * kEvents;
+inline constexpr const char* kStreamerEventNames[kStreamerEvents] = {"stage free", "tile handed on"};
+// The buffer: [kCtas][kRows][kSteps][kEvents] unsigned 32-bit clocks (0: not recorded), rows
+// 0 .. kConsumerWarps - 1 the consumer warps, then the tile streamers.
+constexpr int kCtas = 4, kConsumerWarps = 8, kStreamers = 2, kRows = kConsumerWarps + kStreamers, kSteps = 384;
+constexpr int kStamps = kCtas * kRows * kSteps * kEvents;
 
 #ifdef FLAMIA_FORWARD_TIMELINE
 inline constexpr bool kRecording = true;
@@ -43,28 +54,32 @@ __device__ __forceinline__ uint32_t sm_clock() {
   asm volatile("mov.u32 %0, %%clock;" : "=r"(c)::"memory");
   return c;
 }
-// One consumer thread's recorder: null `row` for threads that do not record.
+// One thread's recorder: null `row` for threads that do not record.
 struct StepClock {
   uint32_t* row = nullptr;  // this warp's [kSteps][kEvents]
   int step = 0;
   // consumer_warp: 0 .. kConsumerWarps - 1, the warp's index among the consumers.
-  __device__ static StepClock for_thread(int consumer_warp, int lane) {
-    StepClock c;
-    if (lane == 0 && int(blockIdx.x) < kCtas)
-      c.row = g_stamps + (size_t(blockIdx.x) * kConsumerWarps + consumer_warp) * kSteps * kEvents;
-    return c;
-  }
+  __device__ static StepClock for_consumer(int consumer_warp, int lane) { return at_row(consumer_warp, lane); }
+  __device__ static StepClock for_streamer(int streamer, int lane) { return at_row(kConsumerWarps + streamer, lane); }
   __device__ __forceinline__ void at_step(int ring_use) { step = ring_use; }
-  __device__ __forceinline__ void stamp(Event e) const {
-    if (row != nullptr && step < kSteps) row[step * kEvents + e] = sm_clock();
+  __device__ __forceinline__ void stamp(int event) const {
+    if (row != nullptr && step < kSteps) row[step * kEvents + event] = sm_clock();
+  }
+
+ private:
+  __device__ static StepClock at_row(int r, int lane) {
+    StepClock c;
+    if (lane == 0 && int(blockIdx.x) < kCtas) c.row = g_stamps + (size_t(blockIdx.x) * kRows + r) * kSteps * kEvents;
+    return c;
   }
 };
 #else
 inline constexpr bool kRecording = false;
 struct StepClock {
-  __device__ static StepClock for_thread(int, int) { return {}; }
+  __device__ static StepClock for_consumer(int, int) { return {}; }
+  __device__ static StepClock for_streamer(int, int) { return {}; }
   __device__ __forceinline__ void at_step(int) {}
-  __device__ __forceinline__ void stamp(Event) const {}
+  __device__ __forceinline__ void stamp(int) const {}
 };
 #endif
 
