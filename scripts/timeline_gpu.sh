@@ -20,5 +20,5 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLAMIA_CUDA=ON 
   -DFLAMIA_BUILD_TESTS=OFF -DFLAMIA_BUILD_CLI=OFF > "$LOG" 2>&1 \
   && cmake --build "$BUILD_DIR" -j "$JOBS" --target flamia_capi >> "$LOG" 2>&1 \
   || { tail -20 "$LOG"; echo "timeline_gpu: build failed (log: $LOG)" >&2; exit 1; }
-FLAMIA_CAPI_LIB="$PWD/$BUILD_DIR/libflamia_capi.so" PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" \
-  "$PYTHON" bench/forward_timeline.py "$@"
+LIB="$(cd "$BUILD_DIR" && pwd)/libflamia_capi.so"  # BUILD_DIR may be relative or absolute
+FLAMIA_CAPI_LIB="$LIB" PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" bench/forward_timeline.py "$@"
