@@ -70,6 +70,9 @@ def summarize(stamps, layout, skip=SKIP_STEPS):
     complete = lambda c, s: all(at(c, w, s, e) for w in range(warps) for e in range(n_events))  # noqa: E731
     scores, softmax_done = events.index("scores ready"), events.index("softmax done")
     issued, landed = events.index("issued"), events.index("tile landed")
+    if rows > warps:
+        stage_free = layout.streamer_events.index("stage free")
+        handed_on = layout.streamer_events.index("tile handed on")
     groups = warps // 4
     period = [[] for _ in range(groups)]
     phases = [[[] for _ in range(n_events - 1)] for _ in range(groups)]
@@ -109,10 +112,11 @@ def summarize(stamps, layout, skip=SKIP_STEPS):
         ref = at(c, 0, good[0], 0)
         signed = lambda t: (t - ref + WRAP // 2) % WRAP - WRAP // 2  # noqa: E731
         starts = [sorted(signed(at(c, 4 * g, s, 0)) for s in good) for g in range(groups)]
+        typical = [_median(period[g]) for g in range(groups)]  # a longer gap holds unrecorded steps
         for k in range(streamers):
             r = warps + k
             for s in range(skip, steps):
-                free, handed = at(c, r, s, 0), at(c, r, s, 1)
+                free, handed = at(c, r, s, stage_free), at(c, r, s, handed_on)
                 if not (free and handed):
                     continue
                 hand_on[k].append(_delta(handed, free))
@@ -123,7 +127,7 @@ def summarize(stamps, layout, skip=SKIP_STEPS):
                     i = bisect.bisect_right(starts[g], t) - 1
                     if i >= 0 and i + 1 < len(starts[g]):
                         step_length = starts[g][i + 1] - starts[g][i]
-                        if t - starts[g][i] < step_length and step_length < 2 * _median(period[g] or [step_length]):
+                        if t - starts[g][i] < step_length and not step_length >= 2 * typical[g]:
                             wake[k][g].append(t - starts[g][i])
     out = {"steps": recorded, "warpgroups": []}
     for g in range(groups):

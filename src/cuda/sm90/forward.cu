@@ -218,7 +218,6 @@ __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const
   uint32_t next_groups = load_group_scales(0);
   const int neg_c = w.c_exp == kNaNExponent ? kNaNExponent : -w.c_exp;
   const float inv_c = pow2i(neg_c);
-  static_assert(timeline::kStreamers == kTileStreamers, "the timeline has a row per tile streamer");
   timeline::StepClock clock = timeline::StepClock::for_streamer(kStreamer, lane);  // timeline builds only
   for (int i = 0; i < w.tiles; ++i) {
     const int k0 = key_tile_start(w, i), use = key_uses + i;

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/work_items.cuh"  // kTileStreamers
+
 namespace flamia::cuda::sm90::timeline {
 
 // The stamps of one step, in the order the loop reaches them.
@@ -40,7 +42,8 @@ inline constexpr const char* kEventNames[kEvents] = {"step start",   "tile lande
 inline constexpr const char* kStreamerEventNames[kStreamerEvents] = {"stage free", "tile handed on"};
 // The buffer: [kCtas][kRows][kSteps][kEvents] unsigned 32-bit clocks (0: not recorded), rows
 // 0 .. kConsumerWarps - 1 the consumer warps, then the tile streamers.
-constexpr int kCtas = 4, kConsumerWarps = 8, kStreamers = 2, kRows = kConsumerWarps + kStreamers, kSteps = 384;
+constexpr int kCtas = 4, kConsumerWarps = 8, kStreamers = kTileStreamers, kRows = kConsumerWarps + kStreamers;
+constexpr int kSteps = 384;
 constexpr int kStamps = kCtas * kRows * kSteps * kEvents;
 
 #ifdef FLAMIA_FORWARD_TIMELINE
