@@ -3,9 +3,11 @@
 built with FLAMIA_FORWARD_TIMELINE records (src/cuda/sm90/step_timeline.cuh). Lane 0 of each
 consumer warp of the first CTAs stamps the SM clock at eight events of every loop step; this runs
 one inference forward per workload, reads the stamps back and prints, per consumer warpgroup, the
-median cycles of each phase (named by the event that ends it), the step period, how far the
-second warpgroup runs behind the first, and how long each warp takes from its warpgroup's scores
-to the end of its softmax (a warpgroup's next products wait for its slowest warp); and per tile
+median cycles of each phase (named by the event that ends it), the step period, the length of an
+item transition (the step that ends one item and starts the next: its last P.V and O store, the
+next one's first S and masked softmax), how far the second warpgroup runs behind the first, and
+how long each warp takes from its warpgroup's scores to the end of its softmax (a warpgroup's
+next products wait for its slowest warp); and per tile
 streamer, where in the consumers' steps its stage comes free (it wakes), how long it takes to hand
 the tile on, and how long before the consumers wait for it.
 
@@ -62,8 +64,10 @@ def summarize(stamps, layout, skip=SKIP_STEPS):
     period); per warp the cycles from its warpgroup's first "scores ready" to its "softmax done";
     per streamer the median cycle of WG0's step and of WG1's step at which its stage comes free,
     the cycles until it hands the tile on, and the cycles from then until the consumers' warp 0
-    sees the tile landed. Consumer steps count where every event of the step was recorded in every
-    consumer warp of the CTA (an item's first step never is)."""
+    sees the tile landed; per warpgroup the median cycles of an item transition (a step with its
+    start stamp alone: from it to the next step's start) and how many there were. Consumer steps
+    count where every event of the step was recorded in every consumer warp of the CTA (an item
+    transition never is)."""
     ctas, rows, steps, warps = layout.ctas, layout.rows, layout.steps, layout.consumer_warps
     events, n_events = layout.events, len(layout.events)
     at = lambda c, w, s, e: stamps[((c * rows + w) * steps + s) * n_events + e]  # noqa: E731
@@ -77,6 +81,7 @@ def summarize(stamps, layout, skip=SKIP_STEPS):
     period = [[] for _ in range(groups)]
     phases = [[[] for _ in range(n_events - 1)] for _ in range(groups)]
     rest = [[] for _ in range(groups)]
+    transition = [[] for _ in range(groups)]
     finish = [[] for _ in range(warps)]
     lag = []
     streamers = rows - warps
@@ -86,6 +91,12 @@ def summarize(stamps, layout, skip=SKIP_STEPS):
     recorded = 0
     for c in range(ctas):
         ok = [complete(c, s) for s in range(steps)]
+        for s in range(skip, steps - 1):
+            for g in range(groups):
+                w0 = 4 * g
+                alone = at(c, w0, s, 0) and not any(at(c, w0, s, e) for e in range(1, n_events))
+                if alone and at(c, w0, s + 1, 0):
+                    transition[g].append(_delta(at(c, w0, s + 1, 0), at(c, w0, s, 0)))
         for s in range(skip, steps):
             if not ok[s]:
                 continue
@@ -136,6 +147,8 @@ def summarize(stamps, layout, skip=SKIP_STEPS):
             "period": p,
             "phases": [(events[e + 1], _median(phases[g][e])) for e in range(n_events - 1)],
             "rest": _median(rest[g]),
+            "transition": _median(transition[g]),
+            "transitions": len(transition[g]),
         })
     p0 = out["warpgroups"][0]["period"]
     out["lag"] = _median([x % p0 for x in lag]) if lag and p0 == p0 and p0 > 0 else float("nan")
@@ -151,13 +164,15 @@ def markdown(rows):
     if not rows:
         return []
     phase_names = [name for name, _ in rows[0][1]["warpgroups"][0]["phases"]]
-    lines = ["| run | warpgroup | steps | period | " + " | ".join(f"until {n}" for n in phase_names) + " | rest | lag |",
-             "|---" * (6 + len(phase_names)) + "|"]
+    lines = ["| run | warpgroup | steps | period | item transition | " +
+             " | ".join(f"until {n}" for n in phase_names) + " | rest | lag |",
+             "|---" * (7 + len(phase_names)) + "|"]
     for label, s in rows:
         for g, wg in enumerate(s["warpgroups"]):
             cells = " | ".join(f"{v:.0f}" for _, v in wg["phases"])
             lag = f"{s['lag']:.0f}" if g == 1 else "-"
-            lines.append(f"| {label} | {g} | {s['steps']} | {wg['period']:.0f} | {cells} | {wg['rest']:.0f} | {lag} |")
+            lines.append(f"| {label} | {g} | {s['steps']} | {wg['period']:.0f} | {wg['transition']:.0f} | {cells} | "
+                         f"{wg['rest']:.0f} | {lag} |")
     warps = len(rows[0][1]["warp_finish"])
     lines += ["", "Cycles from the warpgroup's scores to each warp's softmax done (warp w of warpgroup g runs "
               "on SM sub-partition w, beside producer warp w if w < 3):", "",

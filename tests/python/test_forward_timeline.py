@@ -19,12 +19,14 @@ LAYOUT = T.Layout(2, 10, 40, EVENTS, 8, STREAMER_EVENTS)
 # streamer k: use s's stage comes free FREE_AT + 100 k cycles into warpgroup 0's step s - AHEAD_STEPS
 # and is handed on HAND_ON cycles later
 FREE_AT, HAND_ON, AHEAD_STEPS = 1200, 50, 3
+EARLY = 3000  # an item transition starts this much before its step's time
 
 
-def buffer(start=1000, missing=(), partial=()):
+def buffer(start=1000, missing=(), partial=(), transitions=()):
     """Steps s of every CTA at start + s * PERIOD (+ LAG for warpgroup 1); warp w's softmax ends
     10 (w % 4) cycles later than warp 0's. `missing` steps are not recorded at all, `partial` ones
-    lack one warp's last event."""
+    lack one warp's last event, `transitions` are item transitions: their start alone, EARLY
+    cycles before the step's time (so PERIOD + EARLY long)."""
     L = LAYOUT
     events = len(L.events)
     out = [0] * L.size()
@@ -37,6 +39,9 @@ def buffer(start=1000, missing=(), partial=()):
                 if w >= L.consumer_warps:  # a streamer
                     free = start + (s - AHEAD_STEPS) * PERIOD + FREE_AT + 100 * (w - L.consumer_warps)
                     out[slot(0)], out[slot(1)] = free % (1 << 32), (free + HAND_ON) % (1 << 32)
+                    continue
+                if s in transitions:
+                    out[slot(0)] = (start + s * PERIOD + LAG * (w // 4) - EARLY) % (1 << 32)
                     continue
                 for e in range(events):
                     if s in partial and w == 3 and e == events - 1:
@@ -73,6 +78,18 @@ def test_clock_wrap_and_unrecorded_steps():
     assert s["steps"] == 2 * (40 - 4 - 2)
     assert all(wg["period"] == PERIOD for wg in s["warpgroups"])
     assert s["lag"] == LAG and s["warp_finish"][4:] == [700, 710, 720, 730]
+    assert all(wg["transitions"] == 0 for wg in s["warpgroups"])
+
+
+def test_item_transitions():
+    # steps 12 and 30 are item transitions (start stamps alone): they count as transitions of
+    # PERIOD + EARLY cycles, not as steps, and leave the steps' phases and period alone
+    s = T.summarize(buffer(transitions={12, 30}), LAYOUT, skip=4)
+    assert s["steps"] == 2 * (40 - 4 - 2)
+    for wg in s["warpgroups"]:
+        assert wg["transitions"] == 2 * 2 and wg["transition"] == PERIOD + EARLY
+        assert wg["period"] == PERIOD and wg["rest"] == PERIOD - OFFSETS[-1]
+    assert s["lag"] == LAG
 
 
 def test_layout_must_fit():
@@ -86,8 +103,12 @@ def test_markdown_tables():
     s = T.summarize(buffer(), LAYOUT, skip=4)
     lines = T.markdown([("synthetic", s)])
     header, rule, wg0, wg1 = lines[:4]
-    assert header.count("|") == rule.count("|") == wg0.count("|") == 14  # run, wg, steps, period, 7 phases, rest, lag
+    # run, wg, steps, period, item transition, 7 phases, rest, lag
+    assert header.count("|") == rule.count("|") == wg0.count("|") == 15
     assert wg0.split("|")[4].strip() == str(PERIOD) and wg1.split("|")[-2].strip() == str(LAG)
+    assert wg0.split("|")[5].strip() == "nan"  # no transitions in this buffer
+    with_transitions = T.markdown([("t", T.summarize(buffer(transitions={12}), LAYOUT, skip=4))])
+    assert with_transitions[2].split("|")[5].strip() == str(PERIOD + EARLY)
     warp_rows = [line for line in lines if line.startswith("| synthetic |") and line.count("|") == 10]
     assert warp_rows[0].split("|")[2:-1] == [f" {700 + 10 * (w % 4)} " for w in range(8)]
     streamer_rows = [line for line in lines if line.startswith("| synthetic |") and line.count("|") == 7]

@@ -746,7 +746,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
     l[0] = l[1] = 0.f;
   };
 
-  // The loop's steps are recorded in timeline builds (step_timeline.cuh), an item's first step not.
+  // Timeline builds record the loop's steps (step_timeline.cuh) and the start of each item transition.
   static_assert(timeline::kConsumerWarps == kConsumerWarps, "the timeline has a row per consumer warp");
   timeline::StepClock clock = timeline::StepClock::for_consumer(me.warp, lane);
   const timeline::StepClock idle_clock{};
@@ -800,6 +800,9 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
     // Item n's Q tile is done with (its last S is), so its buffer goes back to the publisher.
     if (lane == 0) sm.q_ring.arrive_empty(n);
     const int last = it.w.tiles - 1;
+    // The transition to the next item (its tile 0, a use the loop never records): its start alone.
+    clock.at_step(it.key_uses + it.w.tiles);
+    clock.stamp(timeline::kStepStart);
     ItemRows next;
     if (!published(n + 1, it.key_uses + it.w.tiles, next)) {  // the last item: its P.V alone
       turns.begin();

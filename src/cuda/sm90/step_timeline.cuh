@@ -1,11 +1,14 @@
 // Diagnostics: a clock timeline of the forward's tile loop (the build option FLAMIA_FORWARD_TIMELINE,
 // off by default; bench/forward_timeline.py reads and summarizes it). With the option on, lane 0 of
 // each consumer warp of CTAs 0 .. kCtas - 1 stores the SM clock (%clock) at each Event of every
-// loop step, indexed by the step's key-ring use, into one buffer in global memory (an item's first
-// tile, its step 0 outside the loop, is not recorded), and lane 0 of each tile streamer at its
-// StreamerEvents of every tile it streams, indexed by the same ring use. Nsight Compute says which instructions stall
-// summed over the kernel; this says how long each phase of a step takes and how the two consumer
-// warpgroups and the four warps of one fall against each other (session 29: docs/KERNELS.md).
+// loop step, indexed by the step's key-ring use, into one buffer in global memory, and lane 0 of
+// each tile streamer at its StreamerEvents of every tile it streams, indexed by the same ring use.
+// An item's first tile is not a loop step: its step is the transition from the item before (that
+// item's last P.V and O store, this item's first S and masked softmax), which records its
+// kStepStart alone (more stamps there spilled registers in the long rows' instance, session 30).
+// Nsight Compute says which instructions stall summed over the kernel; this says how long each
+// phase of a step takes, how the two consumer warpgroups and the four warps of one fall against
+// each other (session 29), and what an item transition costs (session 30; docs/KERNELS.md).
 // The stamps themselves cost the kernel ~4-5%. With the option off a StepClock is empty and every
 // stamp compiles to nothing: the kernels are SASS-identical to a build without this header.
 #pragma once
@@ -18,7 +21,7 @@ namespace flamia::cuda::sm90::timeline {
 
 // The stamps of one step, in the order the loop reaches them.
 enum Event : int {
-  kStepStart,    // the loop's top
+  kStepStart,    // the loop's top; on an item transition the only stamp
   kTileLanded,   // the step's K and V^T tile has landed (its "full" barrier)
   kTurnTaken,    // the consumer's turn at the tensor cores has come (consumer turns; else at once)
   kIssued,       // S_i = Q.K_i and O += P~_{i-1}.V_{i-1} are issued
