@@ -7,9 +7,9 @@ median cycles of each phase (named by the event that ends it), the step period, 
 item transition (the step that ends one item and starts the next: its last P.V and O store, the
 next one's first S and masked softmax), how far the second warpgroup runs behind the first, and
 how long each warp takes from its warpgroup's scores to the end of its softmax (a warpgroup's
-next products wait for its slowest warp); and per tile
-streamer, where in the consumers' steps its stage comes free (it wakes), how long it takes to hand
-the tile on, and how long before the consumers wait for it.
+next products wait for its slowest warp); and per tile streamer, where in the consumers' steps its
+stage comes free (it wakes), how long it takes to hand the tile on, and how long before the
+consumers wait for it.
 
 The stamps cost the kernel ~4-5%, so read phases against each other, not as absolute times; time
 kernels with bench/kernel_breakdown.py on a normal build.
