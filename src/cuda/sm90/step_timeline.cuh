@@ -34,10 +34,10 @@ enum Event : int {
 // A tile streamer's stamps of one tile (use u of the key ring), in the first kStreamerEvents slots of
 // its row's step u.
 enum StreamerEvent : int {
-  kStageFree,    // use u's stage is free: the consumers released use u - kStages
-  kTileHandedOn  // the streamer arrived on use u's "full" (its loads issued, its factors stored)
+  kStageFree,     // use u's stage is free: the consumers released use u - kStages
+  kTileHandedOn,  // the streamer arrived on use u's "full" (its loads issued, its factors stored)
+  kStreamerEvents
 };
-constexpr int kStreamerEvents = 2;
 static_assert(kStreamerEvents <= kEvents, "a streamer's events fit a step's slots");
 // Their names, for the readers (bench/forward_timeline.py names each phase by the event that ends it).
 inline constexpr const char* kEventNames[kEvents] = {"step start",   "tile landed",  "turn taken",   "issued",
