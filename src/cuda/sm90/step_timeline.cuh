@@ -38,7 +38,7 @@ enum StreamerEvent : int {
   kTileHandedOn,  // the streamer arrived on use u's "full" (its loads issued, its factors stored)
   kStreamerEvents
 };
-static_assert(kStreamerEvents <= kEvents, "a streamer's events fit a step's slots");
+static_assert(int(kStreamerEvents) <= int(kEvents), "a streamer's events fit a step's slots");
 // Their names, for the readers (bench/forward_timeline.py names each phase by the event that ends it).
 inline constexpr const char* kEventNames[kEvents] = {"step start",   "tile landed",  "turn taken",   "issued",
                                                      "scores ready", "max updated", "softmax done", "packed"};
