@@ -195,9 +195,8 @@ def markdown(rows):
 
 
 def _library():
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-    from flamia import _capi  # noqa: E402
-    lib = ctypes.CDLL(str(_capi.library_path()))
+    from flamia import _capi  # importable: main() has imported flamia
+    lib = _capi.library()  # the one the package's calls go to
     if not hasattr(lib, "flamia_debug_forward_timeline_shape"):
         sys.exit(f"forward_timeline: {_capi.library_path()} was built without the timeline "
                  "(cmake -DFLAMIA_FORWARD_TIMELINE=ON; scripts/timeline_gpu.sh does it)")
