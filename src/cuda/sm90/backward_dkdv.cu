@@ -598,10 +598,10 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
   auto* dk = static_cast<__nv_bfloat16*>(p.dk);
   auto* dv = static_cast<__nv_bfloat16*>(p.dv);
   for (int r = 0; r < 2; ++r) {
-    if (keys[r] >= d.len) continue;
-    const int64_t token = d.begin + keys[r];
-    store_row_bf16(dk_acc, r, p.softmax_scale, dk + token * p.dk_stride_token + w.kvh * p.dk_stride_head, t);
-    store_row_bf16(dv_acc, r, dv_factor, dv + token * p.dv_stride_token + w.kvh * p.dv_stride_head, t);
+    const bool in_doc = keys[r] < d.len;
+    const int64_t token = d.begin + (in_doc ? keys[r] : 0);
+    store_row_bf16(dk_acc, r, p.softmax_scale, dk + token * p.dk_stride_token + w.kvh * p.dk_stride_head, t, in_doc);
+    store_row_bf16(dv_acc, r, dv_factor, dv + token * p.dv_stride_token + w.kvh * p.dv_stride_head, t, in_doc);
   }
 }
 

@@ -421,9 +421,9 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, int
 
   auto* dq = static_cast<__nv_bfloat16*>(p.dq);
   for (int r = 0; r < 2; ++r) {
-    if (rows[r] >= d.len) continue;
-    const int64_t token = d.begin + rows[r];
-    store_row_bf16(dq_acc, r, p.softmax_scale, dq + token * p.dq_stride_token + h * p.dq_stride_head, t);
+    const bool in_doc = rows[r] < d.len;
+    const int64_t token = d.begin + (in_doc ? rows[r] : 0);
+    store_row_bf16(dq_acc, r, p.softmax_scale, dq + token * p.dq_stride_token + h * p.dq_stride_head, t, in_doc);
   }
 }
 

@@ -689,13 +689,12 @@ __device__ __forceinline__ void store_item_output(const ForwardParams& p, const 
   const int h = it.w.head;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    if (!it.row_valid[r]) continue;
-    const int tok = it.w.doc_begin + it.rows[r];
+    const int tok = it.w.doc_begin + (it.row_valid[r] ? it.rows[r] : 0);
     // 2^(rho_i - boost) undoes the fold; / l normalizes.
     const float out_factor = it.fold_bias[r] == kNaNExponent ? pow2i(kNaNExponent) : pow2i(-it.fold_bias[r]);
     const float f = out_factor / l[r];
-    store_row_bf16(o_acc, r, f, o + tok * p.o_stride_token + h * p.o_stride_head, t);
-    if (t == 0) p.lse[size_t(h) * p.total_tokens + tok] = (m[r] + log2f(l[r])) * kLn2;
+    store_row_bf16(o_acc, r, f, o + tok * p.o_stride_token + h * p.o_stride_head, t, it.row_valid[r]);
+    if (it.row_valid[r] && t == 0) p.lse[size_t(h) * p.total_tokens + tok] = (m[r] + log2f(l[r])) * kLn2;
   }
 }
 
