@@ -83,10 +83,18 @@ struct CtaWork {
   int tiles;  // key tiles, from the diagonal one (tile 0 of the loop) down to the first; 0: no more
   int c_exp;  // the V fold split exponent c (see consume)
 };
+// The constants of one of an item's query rows (row_constants), computed by the publisher so that
+// a consumer's start on an item is a few shared-memory loads.
+struct alignas(16) RowConstants {
+  float q_factor;  // 2^eq_i scale log2(e)
+  float row_pow;   // 2^(fold_bias_i + c): the row's half of the split V fold
+  float lsum_exp;  // b_i = fold_bias_i + c, clamped (GroupFold): l is kept in units of 2^b_i
+  int fold_bias;   // boost - rho_i: the P operand is p * 2^(ev_j + fold_bias), never above 2^boost
+};
 struct QueryTileInfo {
   CtaWork work;
-  uint8_t q_scale[kQueryRows];   // UE8M0 of each row's Q (past the document end: its first row's)
-  uint8_t fold_ref[kQueryRows];  // rho_i: V's running scale max at the row (not causal: at the end)
+  RowConstants row[kQueryRows];         // past the document end: the document's first row's
+  uint8_t split_fold[kConsumerWarps];  // per consumer warp (its 16 rows): see row_constants
 };
 template <int D>
 struct SharedTiles {
@@ -261,16 +269,66 @@ __device__ __forceinline__ bool find_work(const ForwardParams& p, int item, int 
   return true;
 }
 
-// The scale bytes of an item's rows (lane = row mod 32), so that the consumers' start on an item
-// waits for no global load.
-__device__ __forceinline__ void store_row_bytes(const ForwardParams& p, const CtaWork& w, int lane,
-                                                QueryTileInfo& info) {
+// One row's constants. rho_i is V's running scale max at the row (not causal: at the document's
+// end), c the item's split exponent (CtaWork::c_exp).
+// Interior tiles (every key visible to every row) split the V fold 2^(ev_j + fold_bias_i) into
+// v_pow_j = 2^(ev_j - c) (the producer's) and row_pow_i = 2^(fold_bias_i + c), with c = rho of
+// the CTA's first row (of the document's last row when not causal). Every key of an interior
+// tile has ev_j <= c <= rho_i, so both factors are at most 2^boost, and their product equals
+// pow2i(ev_j + fold_bias_i) exactly: a product of two powers of two is exact down to 2^-149 and
+// rounds to 0 below it, and where a factor is already 0 the true value is below 2^-141, which
+// E4M3 encodes as 0 either way. (Rows past the document end get meaningless row_pow; their
+// outputs are never stored, and rows do not mix in the products.)
+// Masked tiles may fold with v_pow_j row_pow_i too, where every row of the warp has
+// 0 <= rho_i - c <= kMaxFoldSplit (rows past the document end see no key): a visible key has
+// ev_j <= rho_i, so v_pow_j = 2^(ev_j - c) <= 2^kMaxFoldSplit and row_pow_i = 2^(boost - rho_i + c)
+// >= 2^-kMaxFoldSplit; where v_pow_j is normal the product is exact, and where it is below 2^-126
+// the fold is below 2^(boost - 126) either way, which E4M3 encodes as 0. So P~ is bitwise the same
+// on both ways, and a warp's choice (which rows after row i may sway) changes no bit of row i.
+// `splits` says whether this row allows it.
+constexpr int kMaxFoldSplit = 120;
+__device__ __forceinline__ RowConstants row_constants(const ForwardParams& p, const CtaWork& w, uint8_t q_scale,
+                                                      uint8_t fold_ref, bool valid, bool& splits) {
+  RowConstants c;
+  c.q_factor = pow2_of_scale(q_scale) * (p.softmax_scale * kLog2e);
+  const int rho_exp = scale_exponent(fold_ref);
+  c.fold_bias = rho_exp == kNaNExponent ? kNaNExponent : p.p_boost_log2 - rho_exp;
+  const int folded = add_exponents(c.fold_bias, w.c_exp);
+  c.row_pow = pow2i(folded);
+  c.lsum_exp = float(clamp_fold_exponent(folded, p.p_boost_log2));
+  splits = !valid || (rho_exp != kNaNExponent && w.c_exp != kNaNExponent && rho_exp - w.c_exp >= 0 &&
+                      rho_exp - w.c_exp <= kMaxFoldSplit);
+  return c;
+}
+
+// The constants of an item's rows (lane = row mod 32) and each consumer warp's split_fold, so that
+// the consumers' start on an item waits for no global load and computes nothing per row.
+constexpr int kRowGroups = kQueryRows / 32;  // a publisher lane's rows: lane, lane + 32, ..
+static_assert(kRowGroups * 2 == kConsumerWarps && kRowGroups <= 4,
+              "a ballot's halves are two consumer warps' rows; a lane's bytes fit a word");
+__device__ __forceinline__ void store_row_constants(const ForwardParams& p, const CtaWork& w, int lane,
+                                                    QueryTileInfo& info) {
+  uint32_t q_bytes = 0, fold_bytes = 0;  // row 32 j + lane's scale bytes at bits 8 j ..
 #pragma unroll
-  for (int j = 0; j < kQueryRows / 32; ++j) {
+  for (int j = 0; j < kRowGroups; ++j) {
     const int row = j * 32 + lane;
     const int tok = w.doc_begin + (w.q0 + row < w.len ? w.q0 + row : 0);
-    info.q_scale[row] = __ldg(p.q_scales + size_t(tok) * p.q_heads + w.head);
-    info.fold_ref[row] = __ldg(p.v_fold_ref + size_t(p.causal ? tok : w.doc_end - 1) * p.kv_heads + w.kvh);
+    q_bytes |= uint32_t(__ldg(p.q_scales + size_t(tok) * p.q_heads + w.head)) << (8 * j);
+    fold_bytes |= uint32_t(__ldg(p.v_fold_ref + size_t(p.causal ? tok : w.doc_end - 1) * p.kv_heads + w.kvh))
+                  << (8 * j);
+  }
+  // One row at a time: the rows' arithmetic unrolled spilled the publisher's registers.
+#pragma unroll 1
+  for (int j = 0; j < kRowGroups; ++j) {
+    const int row = j * 32 + lane;
+    bool splits;
+    info.row[row] = row_constants(p, w, uint8_t(q_bytes >> (8 * j)), uint8_t(fold_bytes >> (8 * j)),
+                                  w.q0 + row < w.len, splits);
+    const uint32_t split_rows = __ballot_sync(0xffffffffu, splits);  // consumer warps 2j, 2j + 1
+    if (lane == 0) {
+      info.split_fold[2 * j] = (split_rows & 0xffffu) == 0xffffu;
+      info.split_fold[2 * j + 1] = (split_rows >> 16) == 0xffffu;
+    }
   }
 }
 
@@ -302,7 +360,7 @@ __device__ __forceinline__ void produce(const ForwardArgs& args, SharedTiles<D>&
           barrier_expect_bytes(full, kQueryRows * D);
           tma_load_rows(args.q_map, sm.q[sm.q_ring.stage(n)], full, w.head, w.doc_begin + w.q0);
         }
-        store_row_bytes(p, w, lane, info);
+        store_row_constants(p, w, lane, info);
       });
 }
 
@@ -592,47 +650,24 @@ __device__ __forceinline__ void lsum_units(const ItemRows& it, float (&lsum_pow)
   for (int r = 0; r < 2; ++r) lsum_pow[r] = pow2_of_integral(it.lsum_exp[r]);
 }
 
-__device__ __forceinline__ ItemRows item_rows(const ForwardParams& p, const CtaWork& w, const QueryTileInfo& info,
-                                              int key_uses, int q_buffer) {
+__device__ __forceinline__ ItemRows item_rows(const CtaWork& w, const QueryTileInfo& info, int key_uses,
+                                              int q_buffer) {
   const ConsumerThread me = consumer_thread();
   ItemRows it;
   it.w = w;
   it.key_uses = key_uses;
   it.q_buffer = q_buffer;
   const int tile_rows[2] = {me.warp * kRowsPerWarp + me.g, me.warp * kRowsPerWarp + me.g + 8};  // of the 128
-  const float scale_log2e = p.softmax_scale * kLog2e;
-  int rho_exp[2];  // rho_i: the running max of V's exponents over visible keys (not causal: all keys)
   for (int r = 0; r < 2; ++r) {
     it.rows[r] = w.q0 + tile_rows[r];
     it.row_valid[r] = it.rows[r] < w.len;
-    it.q_factor[r] = pow2_of_scale(info.q_scale[tile_rows[r]]) * scale_log2e;
-    rho_exp[r] = scale_exponent(info.fold_ref[tile_rows[r]]);
-    it.fold_bias[r] = rho_exp[r] == kNaNExponent ? kNaNExponent : p.p_boost_log2 - rho_exp[r];
+    const RowConstants c = info.row[tile_rows[r]];
+    it.q_factor[r] = c.q_factor;
+    it.fold_bias[r] = c.fold_bias;
+    it.row_pow[r] = c.row_pow;
+    it.lsum_exp[r] = c.lsum_exp;
   }
-  // Interior tiles (every key visible to every row) split the V fold 2^(ev_j + fold_bias_i) into
-  // v_pow_j = 2^(ev_j - c) (the producer's) and row_pow_i = 2^(fold_bias_i + c), with c = rho of
-  // the CTA's first row (of the document's last row when not causal). Every key of an interior
-  // tile has ev_j <= c <= rho_i, so both factors are at most 2^boost, and their product equals
-  // pow2i(ev_j + fold_bias_i) exactly: a product of two powers of two is exact down to 2^-149 and
-  // rounds to 0 below it, and where a factor is already 0 the true value is below 2^-141, which
-  // E4M3 encodes as 0 either way. (Rows past the document end get meaningless row_pow; their
-  // outputs are never stored, and rows do not mix in the products.)
-  for (int r = 0; r < 2; ++r) {
-    it.row_pow[r] = pow2i(add_exponents(it.fold_bias[r], w.c_exp));
-    it.lsum_exp[r] = float(clamp_fold_exponent(add_exponents(it.fold_bias[r], w.c_exp), p.p_boost_log2));
-  }
-  // Masked tiles may fold with v_pow_j row_pow_i too, where every row of the warp has
-  // 0 <= rho_i - c <= kMaxFoldSplit (rows past the document end see no key): a visible key has
-  // ev_j <= rho_i, so v_pow_j = 2^(ev_j - c) <= 2^kMaxFoldSplit and row_pow_i = 2^(boost - rho_i + c)
-  // >= 2^-kMaxFoldSplit; where v_pow_j is normal the product is exact, and where it is below 2^-126
-  // the fold is below 2^(boost - 126) either way, which E4M3 encodes as 0. So P~ is bitwise the same
-  // on both ways, and a warp's choice (which rows after row i may sway) changes no bit of row i.
-  constexpr int kMaxFoldSplit = 120;
-  bool row_splits[2];
-  for (int r = 0; r < 2; ++r)
-    row_splits[r] = !it.row_valid[r] || (rho_exp[r] != kNaNExponent && w.c_exp != kNaNExponent &&
-                                         rho_exp[r] - w.c_exp >= 0 && rho_exp[r] - w.c_exp <= kMaxFoldSplit);
-  it.split_fold = __all_sync(0xffffffffu, row_splits[0] && row_splits[1]);
+  it.split_fold = __all_sync(0xffffffffu, info.split_fold[me.warp]);  // a vote: warp-uniform to the compiler
   return it;
 }
 
@@ -736,7 +771,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
     const int b = sm.q_ring.stage(n);
     const CtaWork w = sm.info[b].work;
     if (w.tiles == 0) return false;
-    it = item_rows(p, w, sm.info[b], key_uses, b);
+    it = item_rows(w, sm.info[b], key_uses, b);
     return true;
   };
   auto start_item = [&] {
