@@ -48,8 +48,13 @@ constexpr int kHeadsPerCta = 4;  // heads per CTA: the document bisection, once 
 // as this ptxas chooses unbounded (62). Explicitly one CTA lets it take 94 (two CTAs per SM, half
 // the loads in flight): a forward's three tensors 0.44 -> 0.61 ms at 4x16384 and 0.50 -> 0.71 ms
 // tiny-unaligned on the H200, 3 CTAs (78 registers) 0.48 / 0.56 ms, 5 spill (session 15). Larger
-// head dims hold twice the chunks (about 124 registers, two CTAs per SM): one.
-constexpr int min_ctas_per_sm(int items) { return items <= kItemsUpTo128 ? 4 : 1; }
+// head dims hold twice the chunks (about 124 registers, two CTAs per SM): one. The instances that also
+// write the interior codes (prefix isolation's second encoding) need more: at 4 CTAs the vectorized one
+// spilled 28 bytes; at 3 (80 registers, none spilled) prefix's training-call quantize took 0.768 ->
+// 0.726 ms on tiny-unaligned and 0.836 -> 0.786 at 16x4096 (session 33, bitwise the same codes).
+constexpr int min_ctas_per_sm(int items, bool second_encoding) {
+  return items > kItemsUpTo128 ? 1 : second_encoding ? 3 : 4;
+}
 static_assert(kTileTokens == 32, "one warp-sized tile of positions per CTA step");
 static_assert(kTileTokens == layout::kKeyStep, "a CTA step writes whole steps of the transposed layout");
 // The step's codes, kept for the transposed store: rows = positions. An odd pitch in words (65)
@@ -119,7 +124,7 @@ __device__ __forceinline__ uint4 load_chunk(const __nv_bfloat16* src) {
 // scales taken from the per-token amax of phase 1 (the first encoding is per token), on the steps
 // before each document's last second.skip_tiles tiles; the input is read once.
 template <bool kVecLoad, int kItems, bool kSecond>
-__global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems))
+__global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems, kSecond))
     quantize_mxfp8_kernel(const __nv_bfloat16* __restrict__ x, int64_t token_stride, int64_t head_stride,
                           int total_tokens, int heads, int dim, const int32_t* __restrict__ cu_seqlens, int num_docs,
                           ScaleGeometry geometry, ScaleRule rule, bool vec_store, uint8_t* __restrict__ codes,
