@@ -4,7 +4,11 @@
 
 DESIGN.md section 5: the nine packed causal workloads of bench/workloads.py (T = 65,536 packed
 tokens, Hq = 16, Hkv = 16 or 4 for the GQA row, D = 128, causal, random normal BF16 inputs), each
-implementation timed as the median of --rounds calls after --warmup calls, in one process:
+implementation timed as the median of --rounds calls after --warmup calls, in one process
+(--schedule interleaved, the default: a workload's implementations are set up together and each
+round times one call of each, in an order rotated by one per round, so that all of them sample the
+same stretch of the GPU's clock, which drops by up to ~7% partway through a run of heavy calls;
+--schedule sequential: each implementation's rounds back to back, then the next):
 
   flamia          flamia.attention, MXFP8 (quantization of q, k, v (and dO) included)
   flamia-prefix   the same with isolation="prefix" (strict prefix isolation)
@@ -33,7 +37,8 @@ compared with flamia's (cosine), so a baseline computing a different mask shows 
 Usage (repo root, GPU machine, after `pip install --no-build-isolation --no-deps .`, or with
 PYTHONPATH=python FLAMIA_CAPI_LIB=build-gpu/libflamia_capi.so):
   python3 bench/bench_attention.py [--pass train] [--graph] [--workloads 16x4096,longtail]
-                                   [--rounds 20] [--warmup 3] [--impls flamia,fa2-varlen]
+                                   [--rounds 20] [--warmup 3] [--schedule sequential]
+                                   [--impls flamia,fa2-varlen]
                                    [--json out.json] [--markdown out.md]
 """
 
@@ -113,36 +118,26 @@ def import_flamia():
 # ---------------------------------------------------------------------------------------------
 # Timing.
 
-def time_torch(torch, fn, rounds, warmup):
-    """Median milliseconds of fn() over `rounds` calls, CUDA events on the current stream."""
-    out = None
-    for _ in range(warmup):
-        out = fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
+def torch_once(torch, fn):
+    """once() -> (ms, out): one fn() call timed with CUDA events on the current stream."""
+    def once():
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
         out = fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
-    torch.cuda.synchronize()
-    return statistics.median(times), times, out
+        return start.elapsed_time(end), out
+    return once
 
 
-def time_jax(jax, fn, args, rounds, warmup):
-    """Median milliseconds of one jitted call, wall clock around block_until_ready."""
-    out = jax.block_until_ready(fn(*args))  # compiles
-    for _ in range(warmup):
-        out = jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(rounds):
+def jax_once(jax, fn, args):
+    """once() -> (ms, out): one jitted call, wall clock around block_until_ready."""
+    def once():
         t0 = time.perf_counter()
         out = jax.block_until_ready(fn(*args))
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), times, out
+        return (time.perf_counter() - t0) * 1e3, out
+    return once
 
 
 # ---------------------------------------------------------------------------------------------
@@ -515,8 +510,30 @@ def cosine(torch, a, b):
     return float((a @ b) / (a.norm() * b.norm()).clamp_min(1e-30))
 
 
-def run_impl(torch, flamia, case, impl, args):
-    """One implementation on one workload: a result dict (never raises)."""
+class Prepared:
+    """One implementation set up and warmed up on one workload: step() times one more call."""
+
+    def __init__(self, impl, once, to_packed, result):
+        self.impl, self.once, self.to_packed, self.result = impl, once, to_packed, result
+        self.times, self.out = [], None
+
+    def step(self):
+        ms, self.out = self.once()
+        self.times.append(ms)
+
+
+def failed(impl, exc, args):
+    """The result of an implementation that raised: unsupported, or an error if it is flamia's."""
+    if isinstance(exc, Unsupported):
+        return {"status": f"unsupported: {exc}"}
+    if args.verbose:
+        traceback.print_exc()
+    return {"status": f"{'error' if impl in FLAMIA_IMPLS else 'unsupported'}: {short(exc)}"}
+
+
+def prepare(torch, flamia, case, impl, args):
+    """Set up, (with --graph) capture and warm up one implementation: a Prepared, or the result dict
+    of one that cannot run (never raises)."""
     result = {"status": "ok"}
     try:
         if impl in TORCH_SETUPS:
@@ -526,7 +543,6 @@ def run_impl(torch, flamia, case, impl, args):
             for t in (case.q, case.k, case.v):
                 t.grad = None  # a setup's trial backward may have left some
             result["peak_mib"] = peak_memory_mib(torch, fn)  # eager (a graph's memory is taken at capture)
-            note = ""
             if args.graph and not getattr(fn, "captured", False):
                 # Two attempts, the second after more warm-up calls. (cuDNN SDPA's first training-call
                 # capture in a process fails in both: prime_captures takes that one.)
@@ -536,7 +552,7 @@ def run_impl(torch, flamia, case, impl, args):
                         fn = captured(torch, fn, warmup=2 if attempt == 1 else 10)
                         result["graph"] = True
                         if attempt == 2:
-                            note = f"captured at the second attempt (the first: {failure})"
+                            result["note"] = f"captured at the second attempt (the first: {failure})"
                         break
                     except Exception as exc:  # timed eager instead, and said so
                         torch.cuda.synchronize()
@@ -544,43 +560,96 @@ def run_impl(torch, flamia, case, impl, args):
                         failure = short(exc, 160)
                         log(f"bench:   {impl}: CUDA graph capture failed ({failure})")
                 if not result.get("graph"):
-                    note = f"timed eager: CUDA graph capture failed twice ({failure})"
+                    result["note"] = f"timed eager: CUDA graph capture failed twice ({failure})"
                     result["graph"] = False
-            ms, times, out = time_torch(torch, fn, args.rounds, args.warmup)
-            del fn
+            once = torch_once(torch, fn)
         else:
             torch.cuda.synchronize()
             jf, jargs, to_packed, note = JAX_SETUPS[impl](torch, flamia, case)
+            if note:
+                result["note"] = note
             if case.train:
                 jf, jargs, to_packed = jax_training_call(torch, case, jf, jargs)
             import jax
-            ms, times, out = time_jax(jax, jf, jargs, args.rounds, args.warmup)
-        result.update(ms=ms, tflops=case.flops / (ms * 1e-3) / 1e12, times_ms=[round(t, 4) for t in times])
-        if note:
-            result["note"] = note
-        if not args.no_check:
-            try:
-                packed = to_packed(out)
-                if impl == "flamia":
-                    case.reference_o = packed.clone()
-                elif case.reference_o is not None:
-                    result["cos_vs_flamia"] = cosine(torch, packed, case.reference_o)
-                    if result["cos_vs_flamia"] < COSINE_WARN:
-                        result["warning"] = f"output differs from flamia's (cosine {result['cos_vs_flamia']:.4f})"
-            except Exception as exc:
-                result["check_error"] = short(exc)
-        del out
-    except Unsupported as exc:
-        result = {"status": f"unsupported: {exc}"}
+            jax.block_until_ready(jf(*jargs))  # compiles
+            once = jax_once(jax, jf, jargs)
+        for _ in range(args.warmup):
+            once()
+        torch.cuda.synchronize()
+        return Prepared(impl, once, to_packed, result)
     except Exception as exc:
-        kind = "error" if impl in FLAMIA_IMPLS else "unsupported"
-        result = {"status": f"{kind}: {short(exc)}"}
-        if args.verbose:
-            traceback.print_exc()
-    finally:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+        return failed(impl, exc, args)
+
+
+def finish(torch, case, prepared, args):
+    """The result of a prepared implementation's timed calls: median, TFLOP/s, the cosine check of its
+    last output against flamia's (flamia's own output becomes the reference)."""
+    result = prepared.result
+    ms = statistics.median(prepared.times)
+    result.update(ms=ms, tflops=case.flops / (ms * 1e-3) / 1e12, times_ms=[round(t, 4) for t in prepared.times])
+    if not args.no_check:
+        try:
+            packed = prepared.to_packed(prepared.out)
+            if prepared.impl == "flamia":
+                case.reference_o = packed.clone()
+            elif case.reference_o is not None:
+                result["cos_vs_flamia"] = cosine(torch, packed, case.reference_o)
+                if result["cos_vs_flamia"] < COSINE_WARN:
+                    result["warning"] = f"output differs from flamia's (cosine {result['cos_vs_flamia']:.4f})"
+        except Exception as exc:
+            result["check_error"] = short(exc)
+    prepared.out = None
     return result
+
+
+def run_impl(torch, flamia, case, impl, args):
+    """One implementation on one workload, its rounds back to back: a result dict (never raises)."""
+    prepared = prepare(torch, flamia, case, impl, args)
+    if isinstance(prepared, dict):
+        return prepared
+    try:
+        for _ in range(args.rounds):
+            prepared.step()
+        return finish(torch, case, prepared, args)
+    except Exception as exc:
+        return failed(impl, exc, args)
+    finally:
+        del prepared
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def run_interleaved(torch, flamia, case, order, args):
+    """Every implementation of `order` on one workload, set up together and timed in turns: round r
+    times each one once, starting at the r-th, so all of them sample the same stretch of the GPU's
+    clock (it drops by up to ~7% partway through a run of back-to-back heavy calls) and none always
+    follows the same neighbour. {impl: result dict}."""
+    results, prepared = {}, {}
+    for impl in order:
+        t0 = time.perf_counter()
+        p = prepare(torch, flamia, case, impl, args)
+        if isinstance(p, dict):
+            results[impl] = p
+        else:
+            prepared[impl] = p
+            log(f"bench:   {impl:15s} ready ({time.perf_counter() - t0:.1f} s)")
+    for r in range(args.rounds):
+        active = list(prepared)
+        k = r % len(active) if active else 0
+        for impl in active[k:] + active[:k]:
+            try:
+                prepared[impl].step()
+            except Exception as exc:
+                results[impl] = failed(impl, exc, args)
+                del prepared[impl]
+    for impl in order:  # flamia first: its output is the others' reference
+        if impl in prepared:
+            results[impl] = finish(torch, case, prepared.pop(impl), args)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return {impl: results[impl] for impl in order}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -620,7 +689,10 @@ def markdown(meta, rows, impls):
         f"{meta['date']}",
         "",
         f"T = {W.TOTAL} packed tokens, Hq = {W.Q_HEADS}, D = {W.HEAD_DIM}, causal, BF16 in/out; median of "
-        f"{meta['rounds']} rounds after {meta['warmup']} warm-up calls. Cells: ms / TFLOP/s "
+        f"{meta['rounds']} rounds after {meta['warmup']} warm-up calls"
+        + (", the implementations timed in turns (round r: one call of each, starting at the r-th)"
+           if meta.get("schedule") == "interleaved" else ", each implementation's rounds back to back")
+        + ". Cells: ms / TFLOP/s "
         f"(visible pairs: {flops}). "
         + ("Every torch implementation is timed replaying its call from a CUDA graph (no host time; JAX's calls "
            "are jitted). " if meta.get("graph") else "Eager calls (host time included). ")
@@ -712,6 +784,9 @@ def parse_args(argv):
     p.add_argument("--impls", default="all", help="comma-separated implementations (default: all)")
     p.add_argument("--rounds", type=int, default=20, help="timed calls per implementation (median; default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
+    p.add_argument("--schedule", choices=("interleaved", "sequential"), default="interleaved",
+                   help="interleaved (default): all implementations of a workload set up together and timed in "
+                        "turns, one call each per round; sequential: each one's rounds back to back")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--markdown", metavar="PATH", help="write the table as markdown")
@@ -748,7 +823,7 @@ def main(argv=None):
         return 2
     flamia = import_flamia()
     meta = environment(torch)
-    meta.update(rounds=args.rounds, warmup=args.warmup, **{"pass": args.pass_}, graph=args.graph, seed=args.seed,
+    meta.update(rounds=args.rounds, warmup=args.warmup, schedule=args.schedule, **{"pass": args.pass_}, graph=args.graph, seed=args.seed,
                 tokens=W.TOTAL, q_heads=W.Q_HEADS, head_dim=W.HEAD_DIM, implementations={k: IMPLS[k] for k in args.impl_names})
     log(f"bench: {meta['gpu']} (sm_{meta['capability']}), torch {meta['torch']}, jax {meta['jax']}")
 
@@ -766,15 +841,20 @@ def main(argv=None):
             f"pairs {case.pairs:,}, {case.flops / 1e12:.2f} TFLOP")
         row = {"workload": name, "docs": len(case.lens), "max_len": case.max_len, "pairs": case.pairs,
                "q_heads": case.hq, "kv_heads": case.hkv, "head_dim": case.d, "flops": case.flops, "impls": {}}
-        for impl in order:
-            t0 = time.perf_counter()
-            r = run_impl(torch, flamia, case, impl, args)
+        if args.schedule == "interleaved":
+            results = run_interleaved(torch, flamia, case, order, args)
+        else:
+            results = {}
+            for impl in order:
+                t0 = time.perf_counter()
+                results[impl] = run_impl(torch, flamia, case, impl, args)
+                log(f"bench:   {impl:15s} done ({time.perf_counter() - t0:.1f} s)")
+        for impl, r in results.items():
             if impl in args.impl_names:
                 row["impls"][impl] = r
             if r["status"] == "ok":
                 extra = f", cos vs flamia {r['cos_vs_flamia']:.4f}" if "cos_vs_flamia" in r else ""
-                log(f"bench:   {impl:15s} {r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s{extra} "
-                    f"({time.perf_counter() - t0:.1f} s)")
+                log(f"bench:   {impl:15s} {r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s{extra}")
             else:
                 log(f"bench:   {impl:15s} {r['status']}")
         summarize(row)

@@ -48,3 +48,54 @@ def test_the_table_says_which_cells_were_timed_eager_under_graph():
     assert "16x4096 / cudnn-sdpa: timed eager: CUDA graph capture failed twice (x)" in table
     eager = bench_attention.markdown({**META, "graph": False}, [r], ["flamia", "cudnn-sdpa"])
     assert "Eager calls (host time included)" in eager
+
+
+class FakeTorch:
+    """What run_interleaved needs of torch when the implementations are fakes."""
+
+    class cuda:
+        @staticmethod
+        def synchronize():
+            pass
+
+        @staticmethod
+        def empty_cache():
+            pass
+
+
+def test_interleaved_schedule_times_each_implementation_once_per_round_in_rotated_turns(monkeypatch):
+    calls = []
+
+    def fake_prepare(torch, flamia, case, impl, args):
+        if impl == "flex":
+            return {"status": "unsupported: no block mask"}
+
+        def once():
+            calls.append(impl)
+            if impl == "fa2-varlen" and calls.count(impl) == 2:
+                raise RuntimeError("boom")
+            return float(len(calls)), None  # "ms": the call's position in the whole schedule
+
+        return bench_attention.Prepared(impl, once, lambda out: out, {"status": "ok"})
+
+    monkeypatch.setattr(bench_attention, "prepare", fake_prepare)
+    args = bench_attention.parse_args(["--rounds", "3", "--no-check"])
+    assert args.schedule == "interleaved"  # the default
+    case = type("Case", (), {"flops": 1e12})()
+    order = ["flamia", "cudnn-sdpa", "fa2-varlen", "flex"]
+    results = bench_attention.run_interleaved(FakeTorch, None, case, order, args)
+    # Round 0 starts at the first, round 1 at the second; fa2-varlen fails in round 1 and leaves the turns.
+    assert calls == ["flamia", "cudnn-sdpa", "fa2-varlen", "cudnn-sdpa", "fa2-varlen", "flamia",
+                     "flamia", "cudnn-sdpa"]
+    assert list(results) == order
+    assert results["flamia"]["times_ms"] == [1.0, 6.0, 7.0] and results["flamia"]["ms"] == 6.0
+    assert results["cudnn-sdpa"]["times_ms"] == [2.0, 4.0, 8.0]
+    assert results["fa2-varlen"]["status"] == "unsupported: RuntimeError: boom"
+    assert results["flex"]["status"] == "unsupported: no block mask"
+
+
+def test_the_table_says_how_the_rounds_were_scheduled():
+    r = row({"flamia": ok(2.0, 600.0)})
+    bench_attention.summarize(r)
+    assert "timed in turns" in bench_attention.markdown({**META, "schedule": "interleaved"}, [r], ["flamia"])
+    assert "rounds back to back" in bench_attention.markdown({**META, "schedule": "sequential"}, [r], ["flamia"])
