@@ -5,10 +5,13 @@
 DESIGN.md section 5: the nine packed causal workloads of bench/workloads.py (T = 65,536 packed
 tokens, Hq = 16, Hkv = 16 or 4 for the GQA row, D = 128, causal, random normal BF16 inputs), each
 implementation timed as the median of --rounds calls after --warmup calls, in one process
-(--schedule interleaved, the default: a workload's implementations are set up together and each
-round times one call of each, in an order rotated by one per round, so that all of them sample the
-same stretch of the GPU's clock, which drops by up to ~7% partway through a run of heavy calls;
---schedule sequential: each implementation's rounds back to back, then the next):
+(--schedule sequential, the default: each implementation's rounds back to back, then the next one's;
+--schedule interleaved: a workload's implementations are set up together and each round times one
+call of each, in an order rotated by one per round, so that all of them sample the same stretch of
+the GPU's clock, which drops by up to ~7% partway through a run of heavy calls. Experimental: on
+the H200 (torch 2.11, jax 0.11.2) with --graph, FlexAttention's captured forward faulted (illegal
+address) at its first replay on 8192+224x256 with the five implementations that run it held at
+once, not with flamia and fa2-varlen alone; undiagnosed: docs/RESULTS.md, session 33):
 
   flamia          flamia.attention, MXFP8 (quantization of q, k, v (and dO) included)
   flamia-prefix   the same with isolation="prefix" (strict prefix isolation)
@@ -37,7 +40,7 @@ compared with flamia's (cosine), so a baseline computing a different mask shows 
 Usage (repo root, GPU machine, after `pip install --no-build-isolation --no-deps .`, or with
 PYTHONPATH=python FLAMIA_CAPI_LIB=build-gpu/libflamia_capi.so):
   python3 bench/bench_attention.py [--pass train] [--graph] [--workloads 16x4096,longtail]
-                                   [--rounds 20] [--warmup 3] [--schedule sequential]
+                                   [--rounds 20] [--warmup 3] [--schedule interleaved]
                                    [--impls flamia,fa2-varlen]
                                    [--json out.json] [--markdown out.md]
 """
@@ -641,8 +644,9 @@ def run_interleaved(torch, flamia, case, order, args):
         for impl in active[k:] + active[:k]:
             try:
                 prepared[impl].step()
-            except Exception as exc:
+            except Exception as exc:  # (a CUDA error is sticky: the first one logged names the culprit)
                 results[impl] = failed(impl, exc, args)
+                log(f"bench:   {impl:15s} failed in round {r}: {results[impl]['status']}")
                 del prepared[impl]
     for impl in order:  # flamia first: its output is the others' reference
         if impl in prepared:
@@ -784,9 +788,10 @@ def parse_args(argv):
     p.add_argument("--impls", default="all", help="comma-separated implementations (default: all)")
     p.add_argument("--rounds", type=int, default=20, help="timed calls per implementation (median; default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
-    p.add_argument("--schedule", choices=("interleaved", "sequential"), default="interleaved",
-                   help="interleaved (default): all implementations of a workload set up together and timed in "
-                        "turns, one call each per round; sequential: each one's rounds back to back")
+    p.add_argument("--schedule", choices=("sequential", "interleaved"), default="sequential",
+                   help="sequential (default): each implementation's rounds back to back; interleaved: all "
+                        "implementations of a workload set up together and timed in turns, one call each per "
+                        "round (experimental: see the module's help)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--markdown", metavar="PATH", help="write the table as markdown")

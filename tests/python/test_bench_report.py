@@ -79,8 +79,8 @@ def test_interleaved_schedule_times_each_implementation_once_per_round_in_rotate
         return bench_attention.Prepared(impl, once, lambda out: out, {"status": "ok"})
 
     monkeypatch.setattr(bench_attention, "prepare", fake_prepare)
-    args = bench_attention.parse_args(["--rounds", "3", "--no-check"])
-    assert args.schedule == "interleaved"  # the default
+    assert bench_attention.parse_args([]).schedule == "sequential"  # the default
+    args = bench_attention.parse_args(["--rounds", "3", "--no-check", "--schedule", "interleaved"])
     case = type("Case", (), {"flops": 1e12})()
     order = ["flamia", "cudnn-sdpa", "fa2-varlen", "flex"]
     results = bench_attention.run_interleaved(FakeTorch, None, case, order, args)
