@@ -828,8 +828,8 @@ def main(argv=None):
         return 2
     flamia = import_flamia()
     meta = environment(torch)
-    meta.update(rounds=args.rounds, warmup=args.warmup, schedule=args.schedule, **{"pass": args.pass_}, graph=args.graph, seed=args.seed,
-                tokens=W.TOTAL, q_heads=W.Q_HEADS, head_dim=W.HEAD_DIM, implementations={k: IMPLS[k] for k in args.impl_names})
+    meta.update(rounds=args.rounds, warmup=args.warmup, schedule=args.schedule, **{"pass": args.pass_},
+                graph=args.graph, seed=args.seed, tokens=W.TOTAL, q_heads=W.Q_HEADS, head_dim=W.HEAD_DIM, implementations={k: IMPLS[k] for k in args.impl_names})
     log(f"bench: {meta['gpu']} (sm_{meta['capability']}), torch {meta['torch']}, jax {meta['jax']}")
 
     # flamia first (its output is the reference of the cosine checks), then the others.

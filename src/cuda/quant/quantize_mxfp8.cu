@@ -49,9 +49,9 @@ constexpr int kHeadsPerCta = 4;  // heads per CTA: the document bisection, once 
 // the loads in flight): a forward's three tensors 0.44 -> 0.61 ms at 4x16384 and 0.50 -> 0.71 ms
 // tiny-unaligned on the H200, 3 CTAs (78 registers) 0.48 / 0.56 ms, 5 spill (session 15). Larger
 // head dims hold twice the chunks (about 124 registers, two CTAs per SM): one. The instances that also
-// write the interior codes (prefix isolation's second encoding) need more: at 4 CTAs the vectorized one
-// spilled 28 bytes; at 3 (80 registers, none spilled) prefix's training-call quantize took 0.768 ->
-// 0.726 ms on tiny-unaligned and 0.836 -> 0.786 at 16x4096 (session 33, bitwise the same codes).
+// write the interior codes (prefix isolation's second encoding) need more: at 4 CTAs they spilled (24-
+// and 32-byte stack frames); at 3 (80 registers, none spilled) prefix's training-call quantize took
+// 0.768 -> 0.726 ms on tiny-unaligned and 0.836 -> 0.786 at 16x4096 (session 33, the same codes).
 constexpr int min_ctas_per_sm(int items, bool second_encoding) {
   return items > kItemsUpTo128 ? 1 : second_encoding ? 3 : 4;
 }
