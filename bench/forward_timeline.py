@@ -31,6 +31,7 @@ import workloads as W  # noqa: E402
 
 SKIP_STEPS = 20  # the first ring uses of each CTA: its start-up, not the steady state
 WRAP = 1 << 32   # %clock is 32 bits wide
+WARPS_PER_GROUP = 4  # a consumer warpgroup's warps
 
 
 def _delta(later, earlier):
@@ -47,7 +48,7 @@ class Layout:
     len(streamer_events) slots of each step)."""
 
     def __init__(self, ctas, rows, steps, events, consumer_warps, streamer_events):
-        if consumer_warps % 4 or consumer_warps > rows or len(streamer_events) > len(events):
+        if consumer_warps % WARPS_PER_GROUP or consumer_warps > rows or len(streamer_events) > len(events):
             raise ValueError(f"{rows} rows of {len(events)} events do not fit {consumer_warps} consumer warps "
                              f"(whole warpgroups) and {len(streamer_events)} streamer events")
         self.ctas, self.rows, self.steps, self.consumer_warps = ctas, rows, steps, consumer_warps
@@ -77,7 +78,7 @@ def summarize(stamps, layout, skip=SKIP_STEPS):
     if rows > warps:
         stage_free = layout.streamer_events.index("stage free")
         handed_on = layout.streamer_events.index("tile handed on")
-    groups = warps // 4
+    groups = warps // WARPS_PER_GROUP
     period = [[] for _ in range(groups)]
     phases = [[[] for _ in range(n_events - 1)] for _ in range(groups)]
     rest = [[] for _ in range(groups)]
@@ -93,7 +94,7 @@ def summarize(stamps, layout, skip=SKIP_STEPS):
         ok = [complete(c, s) for s in range(steps)]
         for s in range(skip, steps - 1):
             for g in range(groups):
-                w0 = 4 * g
+                w0 = WARPS_PER_GROUP * g
                 alone = at(c, w0, s, 0) and not any(at(c, w0, s, e) for e in range(1, n_events))
                 if alone and at(c, w0, s + 1, 0):
                     transition[g].append(_delta(at(c, w0, s + 1, 0), at(c, w0, s, 0)))
@@ -102,7 +103,7 @@ def summarize(stamps, layout, skip=SKIP_STEPS):
                 continue
             recorded += 1
             for g in range(groups):
-                ws = range(4 * g, 4 * g + 4)
+                ws = range(WARPS_PER_GROUP * g, WARPS_PER_GROUP * (g + 1))
                 for w in ws:
                     for e in range(n_events - 1):
                         phases[g][e].append(_delta(at(c, w, s, e + 1), at(c, w, s, e)))
@@ -110,7 +111,7 @@ def summarize(stamps, layout, skip=SKIP_STEPS):
                 for w in ws:
                     finish[w].append(_delta(at(c, w, s, softmax_done), first_scores))
                 if s + 1 < steps and ok[s + 1]:
-                    w0 = 4 * g
+                    w0 = WARPS_PER_GROUP * g
                     period[g].append(_delta(at(c, w0, s + 1, 0), at(c, w0, s, 0)))
                     rest[g].append(_delta(at(c, w0, s + 1, 0), at(c, w0, s, n_events - 1)))
             if groups > 1:
@@ -122,7 +123,7 @@ def summarize(stamps, layout, skip=SKIP_STEPS):
             continue
         ref = at(c, 0, good[0], 0)
         signed = lambda t: (t - ref + WRAP // 2) % WRAP - WRAP // 2  # noqa: E731
-        starts = [sorted(signed(at(c, 4 * g, s, 0)) for s in good) for g in range(groups)]
+        starts = [sorted(signed(at(c, WARPS_PER_GROUP * g, s, 0)) for s in good) for g in range(groups)]
         typical = [_median(period[g]) for g in range(groups)]  # a longer gap holds unrecorded steps
         for k in range(streamers):
             r = warps + k
@@ -176,7 +177,7 @@ def markdown(rows):
     warps = len(rows[0][1]["warp_finish"])
     lines += ["", "Cycles from the warpgroup's scores to each warp's softmax done (warp w of warpgroup g runs "
               "on SM sub-partition w, beside producer warp w if w < 3):", "",
-              "| run | " + " | ".join(f"wg{w // 4} w{w % 4}" for w in range(warps)) + " |",
+              "| run | " + " | ".join(f"wg{w // WARPS_PER_GROUP} w{w % WARPS_PER_GROUP}" for w in range(warps)) + " |",
               "|---" * (1 + warps) + "|"]
     for label, s in rows:
         lines.append(f"| {label} | " + " | ".join(f"{v:.0f}" for v in s["warp_finish"]) + " |")

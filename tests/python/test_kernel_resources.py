@@ -97,17 +97,18 @@ def test_warp_specialized_kernels_get_the_registers_their_roles_share(kernels, b
     assert not wrong, f"registers per thread other than {WARP_SPECIALIZED_REGISTERS}: {wrong}"
 
 
+def spilled(found: dict) -> dict:
+    """{instance: (stack frame, local memory) bytes} of the instances that have either."""
+    return {name: (usage["STACK"], usage["LOCAL"]) for name, usage in found.items() if usage["STACK"] or usage["LOCAL"]}
+
+
 def test_forward_kernels_do_not_spill(kernels):
     found = family(kernels, "forward_kernel")
     assert len(found) == FORWARD_INSTANCES
-    spilled = {name: (usage["STACK"], usage["LOCAL"]) for name, usage in found.items()
-               if usage["STACK"] or usage["LOCAL"]}
-    assert not spilled, f"forward instances with a stack frame or local memory (bytes): {spilled}"
+    assert not spilled(found), f"forward instances with a stack frame or local memory (bytes): {spilled(found)}"
 
 
 def test_quantize_kernels_do_not_spill(kernels):
     found = family(kernels, "quantize_mxfp8_kernel")
     assert found, "no quantize_mxfp8_kernel instances found"
-    spilled = {name: (usage["STACK"], usage["LOCAL"]) for name, usage in found.items()
-               if usage["STACK"] or usage["LOCAL"]}
-    assert not spilled, f"quantizer instances with a stack frame or local memory (bytes): {spilled}"
+    assert not spilled(found), f"quantizer instances with a stack frame or local memory (bytes): {spilled(found)}"
