@@ -8,10 +8,9 @@ implementation timed as the median of --rounds calls after --warmup calls, in on
 (--schedule sequential, the default: each implementation's rounds back to back, then the next one's;
 --schedule interleaved: a workload's implementations are set up together and each round times one
 call of each, in an order rotated by one per round, so that all of them sample the same stretch of
-the GPU's clock, which drops by up to ~7% partway through a run of heavy calls. Experimental: on
-the H200 (torch 2.11, jax 0.11.2) with --graph, FlexAttention's captured forward faulted (illegal
-address) at its first replay on 8192+224x256 with the five implementations that run it held at
-once, not with flamia and fa2-varlen alone; undiagnosed: docs/RESULTS.md, session 33):
+the GPU's clock, which drops by up to ~10% partway through a run of heavy calls; with every
+implementation's graph held at once, a capture may run out of memory and that one is timed eager,
+as the table says):
 
   flamia          flamia.attention, MXFP8 (quantization of q, k, v (and dO) included)
   flamia-prefix   the same with isolation="prefix" (strict prefix isolation)
@@ -24,7 +23,8 @@ once, not with flamia and fa2-varlen alone; undiagnosed: docs/RESULTS.md, sessio
                   inputs are E4M3 already (their quantization is not timed)
 
 torch implementations are timed with CUDA events on the current stream, JAX ones with the wall
-clock around block_until_ready of one jitted call. With --graph (DESIGN.md section 5: "inside a
+clock around --jax-calls jitted calls (default 4) dispatched back to back (one block_until_ready
+at the end; per call), so the GPU time, not the host's dispatch, sets JAX's time. With --graph (DESIGN.md section 5: "inside a
 CUDA graph where possible") every torch implementation's call (its whole training call with --pass
 train) is captured once in a CUDA graph and the replays are timed, so no implementation's host time
 (Python, dispatcher, launches) is in its numbers; one that cannot be captured is timed eager and
@@ -134,12 +134,21 @@ def torch_once(torch, fn):
     return once
 
 
-def jax_once(jax, fn, args):
-    """once() -> (ms, out): one jitted call, wall clock around block_until_ready."""
+# One block_until_ready per jitted call (--jax-calls 1) puts the host's dispatch and wake-up in the
+# time (session 34: JAX's cuDNN BF16 forward on 8192+224x256 measured 0.97 ms a call that way, 0.74
+# back to back).
+JAX_CALLS_PER_ROUND = 4
+
+
+def jax_once(jax, fn, args, calls):
+    """once() -> (ms, out): `calls` jitted calls dispatched back to back, the wall clock up to the
+    last one's block_until_ready, per call (JAX runs them in order on one stream)."""
     def once():
         t0 = time.perf_counter()
-        out = jax.block_until_ready(fn(*args))
-        return (time.perf_counter() - t0) * 1e3, out
+        for _ in range(calls):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        return (time.perf_counter() - t0) * 1e3 / calls, out
     return once
 
 
@@ -193,7 +202,9 @@ def captured(torch, call, warmup=2):
     """call() captured once in a CUDA graph (after `warmup` calls on the stream it is captured on, as
     torch's capture wants: lazy initialization, compilation, per-stream library handles and the
     allocator's warm-up happen outside the graph); the returned fn() replays it and returns the
-    captured call's (static) output."""
+    captured call's (static) output. fn holds call, and with it every tensor its closure holds: the
+    graph's kernels read them at fixed addresses (FlexAttention's block mask and document ids, for
+    one), so they must live as long as the graph."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -210,6 +221,7 @@ def captured(torch, call, warmup=2):
         return static_out
 
     fn.graph = graph  # keep the graph alive with the closure
+    fn.call = call  # and what it reads: freed, torch.cuda.empty_cache() would unmap it under the graph
     return fn
 
 
@@ -575,7 +587,7 @@ def prepare(torch, flamia, case, impl, args):
                 jf, jargs, to_packed = jax_training_call(torch, case, jf, jargs)
             import jax
             jax.block_until_ready(jf(*jargs))  # compiles
-            once = jax_once(jax, jf, jargs)
+            once = jax_once(jax, jf, jargs, args.jax_calls)
         for _ in range(args.warmup):
             once()
         torch.cuda.synchronize()
@@ -627,7 +639,7 @@ def run_impl(torch, flamia, case, impl, args):
 def run_interleaved(torch, flamia, case, order, args):
     """Every implementation of `order` on one workload, set up together and timed in turns: round r
     times each one once, starting at the r-th, so all of them sample the same stretch of the GPU's
-    clock (it drops by up to ~7% partway through a run of back-to-back heavy calls) and none always
+    clock (it drops by up to ~10% partway through a run of back-to-back heavy calls) and none always
     follows the same neighbour. {impl: result dict}."""
     results, prepared = {}, {}
     for impl in order:
@@ -686,6 +698,9 @@ def markdown(meta, rows, impls):
     train = meta["pass"] == "train"
     flops = ("3.5 * 4 * D * pairs * Hq: forward + backward, the backward counted as 2.5 forwards" if train
              else "4 * D * pairs * Hq")
+    jax_calls = meta.get("jax_calls", 1)  # (runs before session 34 timed one call at a time)
+    jax_timing = (f"timed {jax_calls} back to back, per call" if jax_calls > 1
+                  else "each timed to its own block_until_ready")
     lines = [
         f"# flamia {'training-call (forward + backward)' if train else 'forward'} benchmark",
         "",
@@ -698,8 +713,8 @@ def markdown(meta, rows, impls):
            if meta.get("schedule") == "interleaved" else ", each implementation's rounds back to back")
         + ". Cells: ms / TFLOP/s "
         f"(visible pairs: {flops}). "
-        + ("Every torch implementation is timed replaying its call from a CUDA graph (no host time; JAX's calls "
-           "are jitted). " if meta.get("graph") else "Eager calls (host time included). ")
+        + ("Every torch implementation is timed replaying its call from a CUDA graph (no host time; JAX's "
+           f"calls are jitted, {jax_timing}). " if meta.get("graph") else "Eager calls (host time included). ")
         + "Ratios are flamia's TFLOP/s over the best BF16 baseline's and over cuDNN FP8's; 'prefix / default' is "
         "the time of isolation=prefix over the default's.",
         "",
@@ -791,7 +806,10 @@ def parse_args(argv):
     p.add_argument("--schedule", choices=("sequential", "interleaved"), default="sequential",
                    help="sequential (default): each implementation's rounds back to back; interleaved: all "
                         "implementations of a workload set up together and timed in turns, one call each per "
-                        "round (experimental: see the module's help)")
+                        "round")
+    p.add_argument("--jax-calls", type=int, default=JAX_CALLS_PER_ROUND,
+                   help="JAX calls dispatched back to back per timed round, the time per call (default "
+                        f"{JAX_CALLS_PER_ROUND}; 1: one block_until_ready per call, the host's wake-up included)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--markdown", metavar="PATH", help="write the table as markdown")
@@ -800,8 +818,8 @@ def parse_args(argv):
     p.add_argument("--no-check", action="store_true", help="skip the cosine check against flamia's output")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failing implementations")
     args = p.parse_args(argv)
-    if args.rounds < 1 or args.warmup < 0:
-        p.error("--rounds must be >= 1 and --warmup >= 0")
+    if args.rounds < 1 or args.warmup < 0 or args.jax_calls < 1:
+        p.error("--rounds and --jax-calls must be >= 1 and --warmup >= 0")
 
     def pick(text, known, what):
         if text == "all":
@@ -828,8 +846,9 @@ def main(argv=None):
         return 2
     flamia = import_flamia()
     meta = environment(torch)
-    meta.update(rounds=args.rounds, warmup=args.warmup, schedule=args.schedule, **{"pass": args.pass_},
-                graph=args.graph, seed=args.seed, tokens=W.TOTAL, q_heads=W.Q_HEADS, head_dim=W.HEAD_DIM, implementations={k: IMPLS[k] for k in args.impl_names})
+    meta.update(rounds=args.rounds, warmup=args.warmup, schedule=args.schedule, jax_calls=args.jax_calls,
+                **{"pass": args.pass_}, graph=args.graph, seed=args.seed, tokens=W.TOTAL, q_heads=W.Q_HEADS,
+                head_dim=W.HEAD_DIM, implementations={k: IMPLS[k] for k in args.impl_names})
     log(f"bench: {meta['gpu']} (sm_{meta['capability']}), torch {meta['torch']}, jax {meta['jax']}")
 
     # flamia first (its output is the reference of the cosine checks), then the others.

@@ -1,7 +1,12 @@
 """bench/bench_attention.py's arguments and report (its timings need torch and a GPU; these parts
 do not): --graph, the ratios per row, and what the table says about how each cell was timed."""
+import contextlib
+import gc
 import pathlib
 import sys
+import weakref
+
+import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
@@ -99,3 +104,68 @@ def test_the_table_says_how_the_rounds_were_scheduled():
     bench_attention.summarize(r)
     assert "timed in turns" in bench_attention.markdown({**META, "schedule": "interleaved"}, [r], ["flamia"])
     assert "rounds back to back" in bench_attention.markdown({**META, "schedule": "sequential"}, [r], ["flamia"])
+
+
+class FakeGraphTorch:
+    """What captured() needs of torch, the graph a no-op: enough to see what the replaying fn holds."""
+
+    class cuda:
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+            def synchronize(self):
+                pass
+
+        class CUDAGraph:
+            def replay(self):
+                pass
+
+        @staticmethod
+        def current_stream():
+            return FakeGraphTorch.cuda.Stream()
+
+        @staticmethod
+        def stream(s):
+            return contextlib.nullcontext()
+
+        @staticmethod
+        def graph(g, stream=None):
+            return contextlib.nullcontext()
+
+
+def test_a_captured_call_outlives_its_eager_call_and_what_that_closure_holds():
+    # Session 33's interleaved fault: FlexAttention's graph was replayed after its eager closure (the
+    # only holder of its block mask) had been dropped and torch.cuda.empty_cache() had run.
+    class Tensor:  # stands in for a tensor only the eager call's closure holds
+        pass
+
+    def make_call():
+        block_mask = Tensor()
+
+        def call():
+            assert block_mask is not None  # the call reads it; its output is another tensor
+            return Tensor()
+        return call, weakref.ref(block_mask)
+
+    call, held = make_call()
+    fn = bench_attention.captured(FakeGraphTorch, call, warmup=1)
+    del call
+    gc.collect()
+    assert held() is not None and isinstance(fn(), Tensor)
+    del fn
+    gc.collect()
+    assert held() is None  # held by the graph's fn, not leaked
+
+
+def test_the_table_says_how_jax_calls_were_timed_and_bad_counts_are_refused():
+    r = row({"flamia": ok(2.0, 600.0)})
+    bench_attention.summarize(r)
+    args = bench_attention.parse_args(["--graph"])
+    assert args.jax_calls == bench_attention.JAX_CALLS_PER_ROUND > 1  # GPU time, not the host's wake-up
+    table = bench_attention.markdown({**META, "graph": True, "jax_calls": 4}, [r], ["flamia"])
+    assert "JAX's calls are jitted, timed 4 back to back, per call" in table
+    one = bench_attention.markdown({**META, "graph": True, "jax_calls": 1}, [r], ["flamia"])
+    assert "each timed to its own block_until_ready" in one
+    with pytest.raises(SystemExit):
+        bench_attention.parse_args(["--jax-calls", "0"])
