@@ -22,20 +22,20 @@ as the table says):
   jax-cudnn-fp8   cuDNN FP8 through JAX, per-tensor scales, batched (equal lengths only); its
                   inputs are E4M3 already (their quantization is not timed)
 
-torch implementations are timed with CUDA events on the current stream, JAX ones with the wall
-clock around --jax-calls jitted calls (default 4) dispatched back to back (one block_until_ready
-at the end; per call), so the GPU time, not the host's dispatch, sets JAX's time. With --graph (DESIGN.md section 5: "inside a
-CUDA graph where possible") every torch implementation's call (its whole training call with --pass
-train) is captured once in a CUDA graph and the replays are timed, so no implementation's host time
-(Python, dispatcher, launches) is in its numbers; one that cannot be captured is timed eager and
-says so in a note. JAX's calls are jitted either way. TFLOP/s count visible pairs only:
-4 * D * pairs * Hq / time for the forward, 3.5 times that for a training call (the backward
-counted as 2.5 forwards). A training call is torch.autograd.grad of the output (in the packed
-[T, Hq, D] layout) for a fixed random dO, or jax.vjp, so every implementation returns dq, dk, dv.
-Peak memory is the torch allocator's peak during one call above what was allocated before it
-(torch implementations only). Every baseline runs in its own try/except: one that cannot run
-records 'unsupported: <reason>' and the run goes on. Each output (forward: o; train: dq) is
-compared with flamia's (cosine), so a baseline computing a different mask shows up.
+torch implementations are timed with CUDA events on the current stream, JAX ones with the wall clock
+around --jax-calls jitted calls (default 4) dispatched back to back (one block_until_ready at the
+end; per call), so the GPU time, not the host's dispatch, sets JAX's time. With --graph (DESIGN.md
+section 5: "inside a CUDA graph where possible") every torch implementation's call (its whole
+training call with --pass train) is captured once in a CUDA graph and the replays are timed, so no
+implementation's host time (Python, dispatcher, launches) is in its numbers; one that cannot be
+captured is timed eager and says so in a note. JAX's calls are jitted either way. TFLOP/s count
+visible pairs only: 4 * D * pairs * Hq / time for the forward, 3.5 times that for a training call
+(the backward counted as 2.5 forwards). A training call is torch.autograd.grad of the output (in the
+packed [T, Hq, D] layout) for a fixed random dO, or jax.vjp, so every implementation returns dq, dk,
+dv. Peak memory is the torch allocator's peak during one call above what was allocated before it
+(torch implementations only). Every baseline runs in its own try/except: one that cannot run records
+'unsupported: <reason>' and the run goes on. Each output (forward: o; train: dq) is compared with
+flamia's (cosine), so a baseline computing a different mask shows up.
 
 Usage (repo root, GPU machine, after `pip install --no-build-isolation --no-deps .`, or with
 PYTHONPATH=python FLAMIA_CAPI_LIB=build-gpu/libflamia_capi.so):

@@ -1,5 +1,6 @@
 """bench/bench_attention.py's arguments and report (its timings need torch and a GPU; these parts
-do not): --graph, the ratios per row, and what the table says about how each cell was timed."""
+do not): --graph, the ratios per row, what the table says about how each cell was timed, the
+interleaved schedule's turns, and what a captured call keeps alive."""
 import contextlib
 import gc
 import pathlib
