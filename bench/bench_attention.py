@@ -41,7 +41,7 @@ Usage (repo root, GPU machine, after `pip install --no-build-isolation --no-deps
 PYTHONPATH=python FLAMIA_CAPI_LIB=build-gpu/libflamia_capi.so):
   python3 bench/bench_attention.py [--pass train] [--graph] [--workloads 16x4096,longtail]
                                    [--rounds 20] [--warmup 3] [--schedule interleaved]
-                                   [--impls flamia,fa2-varlen]
+                                   [--jax-calls 4] [--impls flamia,fa2-varlen]
                                    [--json out.json] [--markdown out.md]
 """
 
