@@ -23,6 +23,20 @@ __device__ __forceinline__ uint32_t pack_e4m3x2(float lo, float hi) {
   return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
 }
 
+// Four floats to four E4M3 codes (as pack_e4m3x2), a in the low byte: two conversions whose 16-bit
+// results one byte permute joins (the zero-extended pack_e4m3x2 halves took a mask, a shift and an
+// OR per word in the quantizer).
+__device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float d) {
+  uint32_t word;
+  asm("{\n\t.reg .b16 lo, hi;\n\t"
+      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n\t"
+      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n\t"
+      "mov.b32 %0, {lo, hi};\n\t}"
+      : "=r"(word)
+      : "f"(a), "f"(b), "f"(c), "f"(d));
+  return word;
+}
+
 // The values of two E4M3 codes (the low byte of `codes` first), through the hardware's E4M3 to
 // half conversion: exact (every E4M3 value is a half).
 __device__ __forceinline__ float2 decode_e4m3x2(uint16_t codes) {

@@ -256,35 +256,41 @@ const auto kRules = ::testing::Values(ScaleRule::kCeil, ScaleRule::kFloor);
 
 // ---- the per-element device steps, exhaustively on the host (runs without a GPU) ------------
 
-// detail::bf16_bits_to_double is the one per-element step of the kernel that the host does not
-// share (the encoder is the shared formats::encode_scaled_e4m3): it must give exactly the double
-// the CPU quantizer holds, for every BF16 pattern. Runs without a GPU.
-TEST(DeviceCodecs, Bf16WideningMatchesTheHostExhaustively) {
+// detail::scale_for_bf16_amax is the one per-group step of the kernel that the host does not take
+// the same way (the CPU quantizer applies formats::scale_for_amax to the amax's double): it must
+// give the same scale code for every BF16 amax pattern (sign cleared, so 0 .. 0x7FFF: zero,
+// subnormals, normals, Inf and NaN) under both rules. Runs without a GPU.
+TEST(DeviceCodecs, Bf16ScaleMatchesTheDoubleRuleExhaustively) {
   size_t bad = 0;
-  for (uint32_t b = 0; b < 0x10000; ++b) {
-    const double host = bf16_bits_value(uint16_t(b)), dev = cuda::detail::bf16_bits_to_double(b);
-    const bool same = std::isnan(host) ? std::isnan(dev) : (std::memcmp(&host, &dev, sizeof host) == 0);
-    if (!same && bad++ < 5) ADD_FAILURE() << "bf16 " << hex(b) << ": host " << host << ", device path " << dev;
+  for (uint32_t b = 0; b < 0x8000; ++b) {
+    for (ScaleRule rule : {ScaleRule::kCeil, ScaleRule::kFloor}) {
+      const uint8_t host = formats::scale_for_amax(bf16_bits_value(uint16_t(b)), rule);
+      const uint8_t dev = cuda::detail::scale_for_bf16_amax(b, rule);
+      if (host != dev && bad++ < 5)
+        ADD_FAILURE() << "bf16 " << hex(b) << " rule " << int(rule) << ": host " << hex(host) << ", device path "
+                      << hex(dev);
+    }
   }
   EXPECT_EQ(bad, 0u);
 }
 
-// The kernel's codes come from the hardware conversion detail::encode_scaled_e4m3x2; it must equal
+// The kernel's codes come from the hardware conversion detail::encode_scaled_e4m3x4; it must equal
 // the shared codec formats::encode_scaled_e4m3 on its whole domain: every finite BF16 value under
-// every UE8M0 scale code (NaN included), both halves of the pair. out[scale * 65536 + pattern].
+// every UE8M0 scale code (NaN included), in each of the four places of a chunk's word.
+// out[scale * 65536 + pattern].
 __global__ void encode_every_pattern_under_every_scale(uint8_t* out) {
   const uint32_t scale = blockIdx.y;
-  const uint32_t first = 2 * (blockIdx.x * blockDim.x + threadIdx.x);  // patterns first, first + 1
+  const uint32_t first = 4 * (blockIdx.x * blockDim.x + threadIdx.x);  // patterns first .. first + 3
   if (first >= 0x10000u) return;
-  const uint32_t codes = cuda::detail::encode_scaled_e4m3x2(first | ((first + 1) << 16), uint8_t(scale));
-  out[scale * 0x10000u + first] = uint8_t(codes);
-  out[scale * 0x10000u + first + 1] = uint8_t(codes >> 8);
+  const uint32_t codes =
+      cuda::detail::encode_scaled_e4m3x4(first | ((first + 1) << 16), (first + 2) | ((first + 3) << 16), uint8_t(scale));
+  for (uint32_t i = 0; i < 4; ++i) out[scale * 0x10000u + first + i] = uint8_t(codes >> (8 * i));
 }
 
-TEST_F(Gpu, E4m3PairConversionMatchesTheSharedCodecExhaustively) {
+TEST_F(Gpu, E4m3ConversionMatchesTheSharedCodecExhaustively) {
   DeviceBuffer<uint8_t> out(size_t(256) * 0x10000);
   out.fill_bytes(kSentinel);
-  encode_every_pattern_under_every_scale<<<dim3(0x10000 / 2 / 256, 256), 256>>>(out.get());
+  encode_every_pattern_under_every_scale<<<dim3(0x10000 / 4 / 256, 256), 256>>>(out.get());
   CUDA_CHECK(cudaGetLastError());
   const std::vector<uint8_t> got = out.download();
   size_t bad = 0, checked = 0;

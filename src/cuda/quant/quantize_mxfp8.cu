@@ -7,17 +7,17 @@
 //      max |x|, or a non-finite pattern whenever the group holds a NaN or Inf, which the CPU's
 //      nan_max_abs turns into NaN. The max is associative, so the parallel reduction order does
 //      not matter.
-//   2. The amax's value. The group's max pattern is converted to the double it represents without
-//      any float step (detail::bf16_bits_to_double), so it does not depend on FTZ or fast-math
-//      flags; the CPU holds the same double (the inputs are exactly BF16).
-//   3. The scale comes from the shared FLAMIA_HD codec formats::scale_for_amax, evaluated in
-//      double exactly as on the host (frexp, comparisons, integer arithmetic: exact in CUDA's
-//      double math), once per group.
-//   4. The codes come from detail::encode_scaled_e4m3x2 (its two halves: inverse_scale once per
-//      row and scale group, encode_e4m3x2 per pair): one float multiply by 2^-e and the
-//      hardware E4M3 conversion per pair of values. It equals the shared codec
+//   2. The scale. The group's max pattern is turned into its scale code from its bits alone
+//      (detail::scale_for_bf16_amax: the shared FLAMIA_HD codec formats::scale_for_float_amax
+//      of the float the pattern widens to), no float arithmetic, so it does not depend on FTZ
+//      or fast-math flags; it equals the CPU's formats::scale_for_amax of the same value for every
+//      BF16 pattern (checked exhaustively on the host; the CPU holds the same values, since the
+//      inputs are exactly BF16).
+//   3. The codes come from detail::encode_scaled_e4m3x4 (its two halves: inverse_scale and
+//      code_mask once per row and scale group, encode_e4m3x4 per four values): one float multiply
+//      by 2^-e per value and the hardware E4M3 conversion per pair. It equals the shared codec
 //      formats::encode_scaled_e4m3 on its whole domain (every finite BF16 value under every
-//      scale: Gpu.E4m3PairConversionMatchesTheSharedCodecExhaustively); the double codec made
+//      scale: Gpu.E4m3ConversionMatchesTheSharedCodecExhaustively); the double codec made
 //      this kernel compute-bound (607 us per 16x4096 operand on the H200).
 #include "cuda/quant/quantize_mxfp8.cuh"
 
@@ -71,6 +71,12 @@ __host__ __device__ constexpr int units_per_thread(int items) {
   return kHeadsPerCta * (items * kThreads / kTileTokens * kChunk) / 2 / kThreads;  // at the largest dim it takes
 }
 static_assert(kTileTokens * (kMaxDim / kChunk) % kThreads == 0, "items divide evenly over the CTA");
+
+// A row's scale as detail::encode_e4m3x4 takes it (one 8-byte shared load per chunk).
+struct __align__(8) RowCodec {
+  float inverse_scale;  // detail::inverse_scale
+  uint32_t mask;        // detail::code_mask
+};
 
 
 // Max of |x| over 8 BF16 values, as a sign-cleared bit pattern (see fact 1 above).
@@ -132,7 +138,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems, kSecond))
                           BlockCodes second) {
   // Per (head of the CTA, row): sign-cleared BF16 amax patterns (block32 uses row 0) and scales.
   __shared__ uint32_t row_amax[kHeadsPerCta][kTileTokens];
-  __shared__ float row_inverse_scale[kHeadsPerCta][kTileTokens];  // detail::inverse_scale of each row's scale
+  __shared__ RowCodec row_codec[kHeadsPerCta][kTileTokens];  // each row's scale, as the encoder takes it
   __shared__ __align__(16) uint8_t tile_codes[kHeadsPerCta][kTileTokens * kTilePitch + kHeadPad];
   const int64_t transposed_pitch = layout::transposed_tokens(total_tokens, num_docs);
   // This CTA's heads: one document lookup serves them all.
@@ -223,50 +229,59 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems, kSecond))
         uint32_t amax = row_amax[hh][per_token ? r : 0];
         if (kSecond && !token_scales) amax = __reduce_max_sync(0xFFFFFFFFu, amax);  // rows past the end: 0
         if (r >= rows) continue;
-        const uint8_t s = formats::scale_for_amax(detail::bf16_bits_to_double(amax), rule);
-        row_inverse_scale[hh][r] = detail::inverse_scale(s);
+        const uint8_t s = detail::scale_for_bf16_amax(amax, rule);
+        const float inv = detail::inverse_scale(s);
+        row_codec[hh][r] = RowCodec{inv, detail::code_mask(inv)};
         scales[int64_t(t0 + r) * heads + h_first + hh] = s;
       }
       __syncthreads();
 
       // 3. Codes. (tile_codes was last read in the previous step's phase 4, before two barriers.)
-      // Each item's place in the row layout, once per step; the heads add a constant to it.
-      int64_t item_dst[kItems];
+      // One loop per set of layouts written (write_rows, write_staged: std::bool_constant), so
+      // that no chunk tests them. Each item's place in the row layout, once per step; the heads
+      // add a constant to it.
+      auto encode_chunks = [&](auto write_rows, auto write_staged) {
+        int64_t item_dst[kItems];
 #pragma unroll
-      for (int k = 0; k < kItems; ++k)
-        item_dst[k] = (int64_t(t0 + item_row[k]) * heads + h_first) * dim + item_chunk[k] * kChunk;
+        for (int k = 0; k < kItems; ++k)
+          item_dst[k] = (int64_t(t0 + item_row[k]) * heads + h_first) * dim + item_chunk[k] * kChunk;
 #pragma unroll
-      for (int hh = 0; hh < kHeadsPerCta; ++hh) {
-        if (hh >= cta_heads) break;
+        for (int hh = 0; hh < kHeadsPerCta; ++hh) {
+          if (hh >= cta_heads) break;
 #pragma unroll
-        for (int k = 0; k < kItems; ++k) {
-          const int r = item_row[k], c = item_chunk[k];
-          if (!has_item(k)) continue;
-          uint32_t* const staged = reinterpret_cast<uint32_t*>(tile_codes[hh] + r * kTilePitch + c * kChunk);
-          if (r >= rows) {  // past the document end: zero codes in the transposed layout's padding
-            if (transposed_codes) staged[0] = staged[1] = 0u;
-            continue;
-          }
-          const float inv = row_inverse_scale[hh][r];
-          const uint32_t lo = detail::encode_e4m3x2(v[hh][k].x, inv) | (detail::encode_e4m3x2(v[hh][k].y, inv) << 16);
-          const uint32_t hi = detail::encode_e4m3x2(v[hh][k].z, inv) | (detail::encode_e4m3x2(v[hh][k].w, inv) << 16);
-          if (transposed_codes) {  // two word stores: rows are word-aligned (kTilePitch)
-            staged[0] = lo;
-            staged[1] = hi;
-          }
-          if (!codes) continue;
-          uint8_t* dst = codes + item_dst[k] + hh * dim;
-          if (vec_store) {
-            *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
-          } else {
+          for (int k = 0; k < kItems; ++k) {
+            const int r = item_row[k], c = item_chunk[k];
+            if (!has_item(k)) continue;
+            uint32_t* const staged = reinterpret_cast<uint32_t*>(tile_codes[hh] + r * kTilePitch + c * kChunk);
+            if (r >= rows) {  // past the document end: zero codes in the transposed layout's padding
+              if constexpr (write_staged.value) staged[0] = staged[1] = 0u;
+              continue;
+            }
+            const RowCodec row = row_codec[hh][r];
+            const uint32_t lo = detail::encode_e4m3x4(v[hh][k].x, v[hh][k].y, row.inverse_scale, row.mask);
+            const uint32_t hi = detail::encode_e4m3x4(v[hh][k].z, v[hh][k].w, row.inverse_scale, row.mask);
+            if constexpr (write_staged.value) {  // two word stores: rows are word-aligned (kTilePitch)
+              staged[0] = lo;
+              staged[1] = hi;
+            }
+            if constexpr (write_rows.value) {
+              uint8_t* dst = codes + item_dst[k] + hh * dim;
+              if (vec_store) {
+                *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+              } else {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              dst[j] = uint8_t(lo >> (8 * j));
-              dst[4 + j] = uint8_t(hi >> (8 * j));
+                for (int j = 0; j < 4; ++j) {
+                  dst[j] = uint8_t(lo >> (8 * j));
+                  dst[4 + j] = uint8_t(hi >> (8 * j));
+                }
+              }
             }
           }
         }
-      }
+      };
+      if (codes && transposed_codes) encode_chunks(std::true_type{}, std::true_type{});
+      else if (codes) encode_chunks(std::true_type{}, std::false_type{});
+      else if (transposed_codes) encode_chunks(std::false_type{}, std::true_type{});
 
       // 4. The transposed layout: slot p0 + permuted_position(j) of the document holds position
       // p0 + j, so the 16 slots of half `half` of the step hold rows permuted_key(16 half + 0..15)

@@ -6,7 +6,7 @@
 // be short; token: one token x D features), amax is NaN as soon as the group holds a NaN or Inf
 // (scale 0xFF; formats::encode_scaled_e4m3 stores such a group's codes as zeros). The scale comes
 // from the shared host/device codec formats::scale_for_amax; the codes from the hardware E4M3
-// conversion (detail::encode_scaled_e4m3x2), which equals the shared codec
+// conversion (detail::encode_scaled_e4m3x4), which equals the shared codec
 // formats::encode_scaled_e4m3 on every input the kernel gives it (tested exhaustively on the GPU).
 #pragma once
 
@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "core/options.h"
 #ifdef __CUDACC__
@@ -31,47 +32,51 @@ namespace detail {
 // The per-element steps of the kernel, exposed so that tests can check them exhaustively against
 // the host codecs (tests/gpu/test_quantize_gpu.cu).
 
-// The double a BF16 bit pattern (low 16 bits) represents. Exact: ldexp of a small integer, and
-// no float step, so the result cannot depend on FTZ or fast-math flags.
-FLAMIA_HD double bf16_bits_to_double(uint32_t bits) {
-  const int e = int((bits >> 7) & 0xFFu), m = int(bits & 0x7Fu);
-  double mag;
-  if (e == 0xFF) {
-    mag = m != 0 ? double(NAN) : double(INFINITY);
-  } else if (e == 0) {
-    mag = std::ldexp(double(m), -133);  // subnormal: m * 2^(-126 - 7)
-  } else {
-    mag = std::ldexp(double(128 + m), e - 134);  // (1 + m / 128) * 2^(e - 127)
-  }
-  return (bits & 0x8000u) ? -mag : mag;
+// The scale code of a group whose amax is the BF16 bit pattern `bits` (sign cleared, low 16 bits;
+// a pattern above 0x7F80, Inf, is NaN): formats::scale_for_float_amax of the float that pattern
+// widens to (exactly: a BF16 is the top half of a float), from the bits alone, so it cannot depend
+// on FTZ or fast-math flags. Equal to the CPU quantizer's formats::scale_for_amax of the amax's
+// double for every pattern (DeviceCodecs.Bf16ScaleMatchesTheDoubleRuleExhaustively); the double
+// rule here had a chain of double operations and branches per row on the scale phase's path.
+FLAMIA_HD uint8_t scale_for_bf16_amax(uint32_t bits, formats::ScaleRule rule) {
+  float amax;
+  const uint32_t widened = bits << 16;
+  std::memcpy(&amax, &widened, sizeof amax);
+  return formats::scale_for_float_amax(amax, rule);
 }
 
 #ifdef __CUDACC__
-// formats::encode_scaled_e4m3 of the two BF16 values packed in w (low half first) under the UE8M0
-// scale code `scale`, as two bytes (low byte = low half), for finite values: a group holding NaN or
-// Inf has the NaN scale, whose codes are zero. The fast form of the shared double codec:
+// formats::encode_scaled_e4m3 of the four BF16 values packed in w0 and w1 (low halves first) under
+// the UE8M0 scale code `scale`, as four bytes (the first value in the low byte), for finite values:
+// a group holding NaN or Inf has the NaN scale, whose codes are zero. The fast form of the shared
+// double codec:
 //   - x * 2^-e is exact in float (BF16 widens exactly; a power of two only moves the exponent)
 //     unless it falls below 2^-126, and every such value is < 2^-10, half E4M3's smallest
 //     subnormal, so it and its float rounding both encode as a signed zero;
-//   - the conversion (pack_e4m3x2) rounds to nearest even, subnormals included, and saturates
+//   - the conversion (pack_e4m3x4) rounds to nearest even, subnormals included, and saturates
 //     finite values beyond 448 to +-448, as the codec does;
 //   - the multiply is inline PTX without .ftz, so a BF16 subnormal is not flushed under -ftz.
-// It is the composition of a per-group half (inverse_scale, once per scale) and a per-pair half
-// (encode_e4m3x2), which the kernel calls apart: the group half has branches (subnormal powers
-// of two) that cost more than the pair's arithmetic when run for every pair.
+// It is the composition of a per-row half (inverse_scale and code_mask, once per scale) and a
+// per-chunk half (encode_e4m3x4), which the kernel calls apart: the row half has branches
+// (subnormal powers of two) that cost more than the chunk's arithmetic when run for every chunk.
 __device__ __forceinline__ float inverse_scale(uint8_t scale) {
   return formats::ue8m0_is_nan(scale) ? __uint_as_float(0x7FC00000u) : exp2i_float(-formats::ue8m0_exponent(scale));
 }
-// inv_scale from inverse_scale; NaN (the NaN scale) gives zero codes.
-__device__ __forceinline__ uint32_t encode_e4m3x2(uint32_t w, float inv_scale) {
-  float lo, hi;
-  asm("mul.rn.f32 %0, %1, %2;" : "=f"(lo) : "f"(__uint_as_float(w << 16)), "f"(inv_scale));
-  asm("mul.rn.f32 %0, %1, %2;" : "=f"(hi) : "f"(__uint_as_float(w & 0xFFFF0000u)), "f"(inv_scale));
-  const bool nan_scale = (__float_as_uint(inv_scale) & 0x7FFFFFFFu) > 0x7F800000u;
-  return nan_scale ? 0u : pack_e4m3x2(lo, hi);
+// What encode_e4m3x4 keeps of its codes under inverse_scale(s): none for the NaN scale.
+__device__ __forceinline__ uint32_t code_mask(float inv_scale) {
+  return (__float_as_uint(inv_scale) & 0x7FFFFFFFu) > 0x7F800000u ? 0u : ~0u;
 }
-__device__ __forceinline__ uint32_t encode_scaled_e4m3x2(uint32_t w, uint8_t scale) {
-  return encode_e4m3x2(w, inverse_scale(scale));
+// inv_scale and mask from inverse_scale and code_mask of one scale.
+__device__ __forceinline__ uint32_t encode_e4m3x4(uint32_t w0, uint32_t w1, float inv_scale, uint32_t mask) {
+  float x[4];
+  const uint32_t widened[4] = {w0 << 16, w0 & 0xFFFF0000u, w1 << 16, w1 & 0xFFFF0000u};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) asm("mul.rn.f32 %0, %1, %2;" : "=f"(x[i]) : "f"(__uint_as_float(widened[i])), "f"(inv_scale));
+  return pack_e4m3x4(x[0], x[1], x[2], x[3]) & mask;
+}
+__device__ __forceinline__ uint32_t encode_scaled_e4m3x4(uint32_t w0, uint32_t w1, uint8_t scale) {
+  const float inv = inverse_scale(scale);
+  return encode_e4m3x4(w0, w1, inv, code_mask(inv));
 }
 #endif
 
