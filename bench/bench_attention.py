@@ -22,9 +22,11 @@ as the table says):
   jax-cudnn-fp8   cuDNN FP8 through JAX, per-tensor scales, batched (equal lengths only); its
                   inputs are E4M3 already (their quantization is not timed)
 
-torch implementations are timed with CUDA events on the current stream, JAX ones with the wall clock
-around --jax-calls jitted calls (default 4) dispatched back to back (one block_until_ready at the
-end; per call), so the GPU time, not the host's dispatch, sets JAX's time. With --graph (DESIGN.md
+Each round times --calls-per-round calls (default 4) dispatched back to back, per call: torch
+implementations with CUDA events on the current stream around them, JAX ones with the wall clock up
+to the last one's block_until_ready. So every implementation is timed the same way, by its GPU time
+under back-to-back dispatch, as in a training loop (timed one at a time, a JAX call's number holds
+the host's wake-up after its block_until_ready). With --graph (DESIGN.md
 section 5: "inside a CUDA graph where possible") every torch implementation's call (its whole
 training call with --pass train) is captured once in a CUDA graph and the replays are timed, so no
 implementation's host time (Python, dispatcher, launches) is in its numbers; one that cannot be
@@ -41,7 +43,7 @@ Usage (repo root, GPU machine, after `pip install --no-build-isolation --no-deps
 PYTHONPATH=python FLAMIA_CAPI_LIB=build-gpu/libflamia_capi.so):
   python3 bench/bench_attention.py [--pass train] [--graph] [--workloads 16x4096,longtail]
                                    [--rounds 20] [--warmup 3] [--schedule interleaved]
-                                   [--jax-calls 4] [--impls flamia,fa2-varlen]
+                                   [--calls-per-round 4] [--impls flamia,fa2-varlen]
                                    [--json out.json] [--markdown out.md]
 """
 
@@ -121,23 +123,26 @@ def import_flamia():
 # ---------------------------------------------------------------------------------------------
 # Timing.
 
-def torch_once(torch, fn):
-    """once() -> (ms, out): one fn() call timed with CUDA events on the current stream."""
+def torch_once(torch, fn, calls):
+    """once() -> (ms, out): `calls` fn() calls dispatched back to back, timed with CUDA events on the
+    current stream around them, per call."""
     def once():
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
-        out = fn()
+        for _ in range(calls):
+            out = fn()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end), out
+        return start.elapsed_time(end) / calls, out
     return once
 
 
-# One block_until_ready per jitted call (--jax-calls 1) puts the host's dispatch and wake-up in the
-# time (session 34: JAX's cuDNN BF16 forward on 8192+224x256 measured 0.97 ms a call that way, 0.74
-# back to back).
-JAX_CALLS_PER_ROUND = 4
+# One call per round (--calls-per-round 1) puts the host's wake-up after block_until_ready in a JAX
+# call's number (session 34: JAX's cuDNN BF16 forward on 8192+224x256 measured 0.97 ms a call that way,
+# 0.74 back to back); a graph replay measured the same either way (session 35: flamia's tiny-unaligned
+# forward 0.771 ms one a round, 0.772 four). Every implementation is timed alike.
+CALLS_PER_ROUND = 4
 
 
 def jax_once(jax, fn, args, calls):
@@ -577,7 +582,7 @@ def prepare(torch, flamia, case, impl, args):
                 if not result.get("graph"):
                     result["note"] = f"timed eager: CUDA graph capture failed twice ({failure})"
                     result["graph"] = False
-            once = torch_once(torch, fn)
+            once = torch_once(torch, fn, args.calls_per_round)
         else:
             torch.cuda.synchronize()
             jf, jargs, to_packed, note = JAX_SETUPS[impl](torch, flamia, case)
@@ -587,7 +592,7 @@ def prepare(torch, flamia, case, impl, args):
                 jf, jargs, to_packed = jax_training_call(torch, case, jf, jargs)
             import jax
             jax.block_until_ready(jf(*jargs))  # compiles
-            once = jax_once(jax, jf, jargs, args.jax_calls)
+            once = jax_once(jax, jf, jargs, args.calls_per_round)
         for _ in range(args.warmup):
             once()
         torch.cuda.synchronize()
@@ -698,9 +703,19 @@ def markdown(meta, rows, impls):
     train = meta["pass"] == "train"
     flops = ("3.5 * 4 * D * pairs * Hq: forward + backward, the backward counted as 2.5 forwards" if train
              else "4 * D * pairs * Hq")
-    jax_calls = meta.get("jax_calls", 1)  # (runs before session 34 timed one call at a time)
-    jax_timing = (f"timed {jax_calls} back to back, per call" if jax_calls > 1
-                  else "each timed to its own block_until_ready")
+    # How a round was timed: since session 35 every implementation's round is calls_per_round calls
+    # back to back; session 34's runs did that for JAX alone (jax_calls), the runs before not at all.
+    calls = meta.get("calls_per_round")
+    if calls is not None:
+        timing = (f"; each round times {calls} calls dispatched back to back, per call" if calls > 1
+                  else "; each round times one call")
+        jax_timing = "jitted"
+        eager = "host time included" if calls == 1 else "host time counts where it exceeds the GPU's"
+    else:
+        timing, eager = "", "host time included"
+        jax_calls = meta.get("jax_calls", 1)
+        jax_timing = "jitted, " + (f"timed {jax_calls} back to back, per call" if jax_calls > 1
+                                   else "each timed to its own block_until_ready")
     lines = [
         f"# flamia {'training-call (forward + backward)' if train else 'forward'} benchmark",
         "",
@@ -709,12 +724,13 @@ def markdown(meta, rows, impls):
         "",
         f"T = {W.TOTAL} packed tokens, Hq = {W.Q_HEADS}, D = {W.HEAD_DIM}, causal, BF16 in/out; median of "
         f"{meta['rounds']} rounds after {meta['warmup']} warm-up calls"
-        + (", the implementations timed in turns (round r: one call of each, starting at the r-th)"
+        + (", the implementations timed in turns (round r: one turn of each, starting at the r-th)"
            if meta.get("schedule") == "interleaved" else ", each implementation's rounds back to back")
+        + timing
         + ". Cells: ms / TFLOP/s "
         f"(visible pairs: {flops}). "
         + ("Every torch implementation is timed replaying its call from a CUDA graph (no host time; JAX's "
-           f"calls are jitted, {jax_timing}). " if meta.get("graph") else "Eager calls (host time included). ")
+           f"calls are {jax_timing}). " if meta.get("graph") else f"Eager calls ({eager}). ")
         + "Ratios are flamia's TFLOP/s over the best BF16 baseline's and over cuDNN FP8's; 'prefix / default' is "
         "the time of isolation=prefix over the default's.",
         "",
@@ -807,9 +823,9 @@ def parse_args(argv):
                    help="sequential (default): each implementation's rounds back to back; interleaved: all "
                         "implementations of a workload set up together and timed in turns, one call each per "
                         "round")
-    p.add_argument("--jax-calls", type=int, default=JAX_CALLS_PER_ROUND,
-                   help="JAX calls dispatched back to back per timed round, the time per call (default "
-                        f"{JAX_CALLS_PER_ROUND}; 1: one block_until_ready per call, the host's wake-up included)")
+    p.add_argument("--calls-per-round", type=int, default=CALLS_PER_ROUND,
+                   help="calls dispatched back to back per timed round, the time per call (default "
+                        f"{CALLS_PER_ROUND}; 1: one call a round, the host's launch or wake-up included)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--markdown", metavar="PATH", help="write the table as markdown")
@@ -818,8 +834,8 @@ def parse_args(argv):
     p.add_argument("--no-check", action="store_true", help="skip the cosine check against flamia's output")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failing implementations")
     args = p.parse_args(argv)
-    if args.rounds < 1 or args.warmup < 0 or args.jax_calls < 1:
-        p.error("--rounds and --jax-calls must be >= 1 and --warmup >= 0")
+    if args.rounds < 1 or args.warmup < 0 or args.calls_per_round < 1:
+        p.error("--rounds and --calls-per-round must be >= 1 and --warmup >= 0")
 
     def pick(text, known, what):
         if text == "all":
@@ -846,7 +862,8 @@ def main(argv=None):
         return 2
     flamia = import_flamia()
     meta = environment(torch)
-    meta.update(rounds=args.rounds, warmup=args.warmup, schedule=args.schedule, jax_calls=args.jax_calls,
+    meta.update(rounds=args.rounds, warmup=args.warmup, schedule=args.schedule,
+                calls_per_round=args.calls_per_round,
                 **{"pass": args.pass_}, graph=args.graph, seed=args.seed, tokens=W.TOTAL, q_heads=W.Q_HEADS,
                 head_dim=W.HEAD_DIM, implementations={k: IMPLS[k] for k in args.impl_names})
     log(f"bench: {meta['gpu']} (sm_{meta['capability']}), torch {meta['torch']}, jax {meta['jax']}")

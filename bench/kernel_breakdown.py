@@ -10,12 +10,19 @@ every non-flamia kernel the op launches, e.g. allocator fills or dtype casts), t
 the wall time per call (CUDA events around the same calls, so wall - sum is launch gaps and host
 time).
 
+--timeline: instead, the call is captured in a CUDA graph and replayed --rounds times under the
+profiler; one table per workload lists every GPU activity of a call in launch order (each
+quantize launch apart) with the medians over the replays of its start, its duration and its gap
+after the previous activity's end, in microseconds, and the replay's time per call from CUDA
+events. Under replay there is no host time between kernels, so the gaps are the GPU's own.
+
 Usage (repo root, GPU machine, flamia installed):
   python3 bench/kernel_breakdown.py [--pass train] [--workloads 16x4096,longtail] [--rounds 10]
-                                   [--isolation prefix]
+                                   [--isolation prefix] [--timeline]
 """
 import argparse
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -48,6 +55,8 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=3, help="unprofiled calls first (default 3)")
     p.add_argument("--isolation", choices=("document", "prefix"), default="document",
                    help="flamia.attention's isolation mode (default: document)")
+    p.add_argument("--timeline", action="store_true",
+                   help="each GPU activity of a graph-replayed call, in launch order (see above)")
     args = p.parse_args(argv)
     names = list(W.WORKLOADS) if args.workloads == "all" else args.workloads.split(",")
     unknown = [n for n in names if n not in W.WORKLOADS]
@@ -59,7 +68,8 @@ def parse_args(argv):
     return args
 
 
-def one_workload(torch, flamia, name, args):
+def workload_call(torch, flamia, name, args):
+    """The workload's call (forward, or forward and gradients) on fresh inputs."""
     lens = W.WORKLOADS[name]["lens"]
     train = args.pass_ == "train"
     q, k, v, dout, cu = W.training_inputs(torch, name, requires_grad=train)
@@ -67,8 +77,14 @@ def one_workload(torch, flamia, name, args):
     def call():
         o = flamia.attention(q, k, v, cu, max(lens), isolation=args.isolation)
         if train:
-            torch.autograd.grad(o, (q, k, v), dout)
+            return torch.autograd.grad(o, (q, k, v), dout)
+        return o
 
+    return call
+
+
+def one_workload(torch, flamia, name, args):
+    call = workload_call(torch, flamia, name, args)
     for _ in range(args.warmup):
         call()
     torch.cuda.synchronize()
@@ -87,12 +103,85 @@ def one_workload(torch, flamia, name, args):
     return per_family, start.elapsed_time(stop) / args.rounds
 
 
+def timeline_rows(events, calls):
+    """events: (start, end, name) of `calls` identical calls back to back, sorted by start. Returns
+    one (name, start, duration, gap) per activity of a call, each the median over the calls: start
+    from the call's first activity, gap from the previous activity's end (0 for the first)."""
+    if calls < 1 or not events or len(events) % calls:
+        raise ValueError(f"{len(events)} activities are not {calls} calls of the same length")
+    n = len(events) // calls
+    rows = []
+    for i in range(n):
+        same = [events[c * n + i] for c in range(calls)]
+        if len({name for _, _, name in same}) != 1:
+            raise ValueError(f"activity {i} differs between calls: {sorted({name for _, _, name in same})}")
+        first = [events[c * n][0] for c in range(calls)]
+        previous_end = [events[c * n + i - 1][1] if i else events[c * n][0] for c in range(calls)]
+        rows.append((same[0][2], statistics.median(s - f for (s, _, _), f in zip(same, first)),
+                     statistics.median(e - s for s, e, _ in same),
+                     statistics.median(s - p for (s, _, _), p in zip(same, previous_end))))
+    return rows
+
+
+def short_name(kernel):
+    """A kernel's C++ name without namespaces, return type or parameters; template arguments kept
+    (they tell the instances apart): 'void ns::(anonymous namespace)::k<true, 2>(int)' -> 'k<true, 2>'."""
+    s = kernel.replace("(anonymous namespace)::", "").split("(")[0].strip()
+    base = s[:s.index("<")] if "<" in s else s
+    return base.split()[-1].rsplit("::", 1)[-1] + s[len(base):] if base.split() else s
+
+
+def timeline_table(name, rows, replay_us):
+    def us(x):
+        return f"{round(x, 1) or 0.0:.1f}"  # no "-0.0" for a timestamp jitter of a few ns
+
+    lines = [f"{name}: {replay_us:.1f} us per replayed call; activities in launch order (us, medians)", "",
+             "| activity | start | duration | gap |", "|---|---|---|---|"]
+    for activity, start, duration, gap in rows:
+        lines.append(f"| {family(activity)}: {short_name(activity)} | {us(start)} | {us(duration)} | {us(gap)} |")
+    busy = sum(r[2] for r in rows)
+    lines.append(f"| all (busy {us(busy)}) | | {us(rows[-1][1] + rows[-1][2])} | {us(sum(r[3] for r in rows))} |")
+    return "\n".join(lines)
+
+
+def one_timeline(torch, flamia, name, args):
+    call = workload_call(torch, flamia, name, args)
+    side = torch.cuda.Stream()  # warm-up off the capturing stream, as torch.cuda.graph asks
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(args.warmup, 1)):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        held = call()  # noqa: F841  (the outputs live as long as the graph that writes them)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        start.record()
+        for _ in range(args.rounds):
+            graph.replay()
+        stop.record()
+        torch.cuda.synchronize()
+    events = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                    if e.device_type == torch.autograd.DeviceType.CUDA)
+    return timeline_table(name, timeline_rows(events, args.rounds), start.elapsed_time(stop) / args.rounds * 1e3)
+
+
 def main(argv=None):
     args = parse_args(argv)
     import torch
     import flamia
     if not torch.cuda.is_available():
         sys.exit("kernel_breakdown: needs a CUDA GPU")
+    if args.timeline:
+        print(f"{args.pass_} call, isolation={args.isolation}, {args.rounds} graph replays "
+              f"({torch.cuda.get_device_name()})\n")
+        for name in args.names:
+            print(f"breakdown: {name} ...", file=sys.stderr, flush=True)
+            print(one_timeline(torch, flamia, name, args) + "\n")
+        return
     columns = [label for _, label in FAMILIES] + ["other"]
     rows = []
     for name in args.names:

@@ -159,14 +159,50 @@ def test_a_captured_call_outlives_its_eager_call_and_what_that_closure_holds():
     assert held() is None  # held by the graph's fn, not leaked
 
 
-def test_the_table_says_how_jax_calls_were_timed_and_bad_counts_are_refused():
+def test_the_table_says_how_rounds_were_timed_and_bad_counts_are_refused():
     r = row({"flamia": ok(2.0, 600.0)})
     bench_attention.summarize(r)
     args = bench_attention.parse_args(["--graph"])
-    assert args.jax_calls == bench_attention.JAX_CALLS_PER_ROUND > 1  # GPU time, not the host's wake-up
-    table = bench_attention.markdown({**META, "graph": True, "jax_calls": 4}, [r], ["flamia"])
-    assert "JAX's calls are jitted, timed 4 back to back, per call" in table
-    one = bench_attention.markdown({**META, "graph": True, "jax_calls": 1}, [r], ["flamia"])
-    assert "each timed to its own block_until_ready" in one
+    assert args.calls_per_round == bench_attention.CALLS_PER_ROUND > 1  # GPU time, not the host's launch
+    table = bench_attention.markdown({**META, "graph": True, "calls_per_round": 4}, [r], ["flamia"])
+    assert "; each round times 4 calls dispatched back to back, per call." in table
+    assert "JAX's calls are jitted)" in table
+    eager = bench_attention.markdown({**META, "graph": False, "calls_per_round": 4}, [r], ["flamia"])
+    assert "Eager calls (host time counts where it exceeds the GPU's)" in eager
+    one = bench_attention.markdown({**META, "graph": False, "calls_per_round": 1}, [r], ["flamia"])
+    assert "; each round times one call." in one and "Eager calls (host time included)" in one
+    # Session 34's JSON: only JAX's calls back to back; earlier runs: one call of each.
+    s34 = bench_attention.markdown({**META, "graph": True, "jax_calls": 4}, [r], ["flamia"])
+    assert "JAX's calls are jitted, timed 4 back to back, per call" in s34 and "each round times" not in s34
+    old = bench_attention.markdown({**META, "graph": True}, [r], ["flamia"])
+    assert "each timed to its own block_until_ready" in old
     with pytest.raises(SystemExit):
-        bench_attention.parse_args(["--jax-calls", "0"])
+        bench_attention.parse_args(["--calls-per-round", "0"])
+
+
+def test_a_round_times_its_calls_back_to_back_per_call():
+    class FakeEvent:
+        clock = [0.0]
+
+        def __init__(self, enable_timing):
+            self.t = None
+
+        def record(self):
+            self.t = FakeEvent.clock[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    class FakeTorch:
+        class cuda:
+            Event = FakeEvent
+
+    def call():  # each call takes 2 ms of "GPU time"
+        FakeEvent.clock[0] += 2.0
+        return "out"
+
+    ms, out = bench_attention.torch_once(FakeTorch, call, 4)()
+    assert (ms, out) == (2.0, "out") and FakeEvent.clock[0] == 8.0
