@@ -4,13 +4,13 @@
 
 DESIGN.md section 5: the nine packed causal workloads of bench/workloads.py (T = 65,536 packed
 tokens, Hq = 16, Hkv = 16 or 4 for the GQA row, D = 128, causal, random normal BF16 inputs), each
-implementation timed as the median of --rounds calls after --warmup calls, in one process
+implementation timed as the median of --rounds rounds after --warmup calls, in one process
 (--schedule sequential, the default: each implementation's rounds back to back, then the next one's;
 --schedule interleaved: a workload's implementations are set up together and each round times one
-call of each, in an order rotated by one per round, so that all of them sample the same stretch of
-the GPU's clock, which drops by up to ~10% partway through a run of heavy calls; with every
-implementation's graph held at once, a capture may run out of memory and that one is timed eager,
-as the table says):
+turn of each (its --calls-per-round calls), in an order rotated by one per round, so that all of
+them sample the same stretch of the GPU's clock, which drops by up to ~10% partway through a run of
+heavy calls; with every implementation's graph held at once, a capture may run out of memory and
+that one is timed eager, as the table says):
 
   flamia          flamia.attention, MXFP8 (quantization of q, k, v (and dO) included)
   flamia-prefix   the same with isolation="prefix" (strict prefix isolation)

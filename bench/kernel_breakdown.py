@@ -126,9 +126,10 @@ def timeline_rows(events, calls):
 def short_name(kernel):
     """A kernel's C++ name without namespaces, return type or parameters; template arguments kept
     (they tell the instances apart): 'void ns::(anonymous namespace)::k<true, 2>(int)' -> 'k<true, 2>'."""
-    s = kernel.replace("(anonymous namespace)::", "").split("(")[0].strip()
-    base = s[:s.index("<")] if "<" in s else s
-    return base.split()[-1].rsplit("::", 1)[-1] + s[len(base):] if base.split() else s
+    signature = kernel.replace("(anonymous namespace)::", "").split("(")[0].strip()
+    qualified, bracket, template = signature.partition("<")
+    unqualified = qualified.split()[-1].rsplit("::", 1)[-1] if qualified.strip() else qualified
+    return unqualified + bracket + template
 
 
 def timeline_table(name, rows, replay_us):

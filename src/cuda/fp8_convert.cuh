@@ -24,8 +24,8 @@ __device__ __forceinline__ uint32_t pack_e4m3x2(float lo, float hi) {
 }
 
 // Four floats to four E4M3 codes (as pack_e4m3x2), a in the low byte: two conversions whose 16-bit
-// results one byte permute joins (the zero-extended pack_e4m3x2 halves took a mask, a shift and an
-// OR per word in the quantizer).
+// results make one word (ptxas writes the second into the first's upper half: F2FP's merge operand),
+// where two zero-extended pack_e4m3x2 results took a mask, a shift and an OR per word.
 __device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float d) {
   uint32_t word;
   asm("{\n\t.reg .b16 lo, hi;\n\t"

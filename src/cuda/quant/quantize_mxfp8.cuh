@@ -5,8 +5,9 @@
 // document start (block32: 32 tokens x D features of one head, the last group of a document may
 // be short; token: one token x D features), amax is NaN as soon as the group holds a NaN or Inf
 // (scale 0xFF; formats::encode_scaled_e4m3 stores such a group's codes as zeros). The scale comes
-// from the shared host/device codec formats::scale_for_amax; the codes from the hardware E4M3
-// conversion (detail::encode_scaled_e4m3x4), which equals the shared codec
+// from the shared host/device codec (formats::scale_for_float_amax of the amax: detail::
+// scale_for_bf16_amax, equal to the CPU's formats::scale_for_amax on every BF16 value); the codes
+// from the hardware E4M3 conversion (detail::encode_scaled_e4m3x4), which equals the shared codec
 // formats::encode_scaled_e4m3 on every input the kernel gives it (tested exhaustively on the GPU).
 #pragma once
 
