@@ -4,7 +4,7 @@
 
 DESIGN.md section 5: the nine packed causal workloads of bench/workloads.py (T = 65,536 packed
 tokens, Hq = 16, Hkv = 16 or 4 for the GQA row, D = 128, causal, random normal BF16 inputs), each
-implementation timed as the median of --rounds rounds after --warmup calls, in one process
+implementation timed as the median of --rounds rounds after --warmup rounds, in one process
 (--schedule sequential, the default: each implementation's rounds back to back, then the next one's;
 --schedule interleaved: a workload's implementations are set up together and each round times one
 turn of each (its --calls-per-round calls), in an order rotated by one per round, so that all of
@@ -643,9 +643,9 @@ def run_impl(torch, flamia, case, impl, args):
 
 def run_interleaved(torch, flamia, case, order, args):
     """Every implementation of `order` on one workload, set up together and timed in turns: round r
-    times each one once, starting at the r-th, so all of them sample the same stretch of the GPU's
-    clock (it drops by up to ~10% partway through a run of back-to-back heavy calls) and none always
-    follows the same neighbour. {impl: result dict}."""
+    times one turn of each (its once(): --calls-per-round calls), starting at the r-th, so all of
+    them sample the same stretch of the GPU's clock (it drops by up to ~10% partway through a run of
+    back-to-back heavy calls) and none always follows the same neighbour. {impl: result dict}."""
     results, prepared = {}, {}
     for impl in order:
         t0 = time.perf_counter()
@@ -711,8 +711,9 @@ def markdown(meta, rows, impls):
                   else "; each round times one call")
         jax_timing = "jitted"
         eager = "host time included" if calls == 1 else "host time counts where it exceeds the GPU's"
+        warmup_unit = "calls" if calls == 1 else "rounds"  # a warm-up round is a timed round's calls
     else:
-        timing, eager = "", "host time included"
+        timing, eager, warmup_unit = "", "host time included", "calls"
         jax_calls = meta.get("jax_calls", 1)
         jax_timing = "jitted, " + (f"timed {jax_calls} back to back, per call" if jax_calls > 1
                                    else "each timed to its own block_until_ready")
@@ -723,7 +724,7 @@ def markdown(meta, rows, impls):
         f"{meta['date']}",
         "",
         f"T = {W.TOTAL} packed tokens, Hq = {W.Q_HEADS}, D = {W.HEAD_DIM}, causal, BF16 in/out; median of "
-        f"{meta['rounds']} rounds after {meta['warmup']} warm-up calls"
+        f"{meta['rounds']} rounds after {meta['warmup']} warm-up {warmup_unit}"
         + (", the implementations timed in turns (round r: one turn of each, starting at the r-th)"
            if meta.get("schedule") == "interleaved" else ", each implementation's rounds back to back")
         + timing
@@ -817,11 +818,11 @@ def parse_args(argv):
     p.add_argument("--workloads", default="all",
                    help="comma-separated workload names (default: all nine)")
     p.add_argument("--impls", default="all", help="comma-separated implementations (default: all)")
-    p.add_argument("--rounds", type=int, default=20, help="timed calls per implementation (median; default 20)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
+    p.add_argument("--rounds", type=int, default=20, help="timed rounds per implementation (median; default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
     p.add_argument("--schedule", choices=("sequential", "interleaved"), default="sequential",
                    help="sequential (default): each implementation's rounds back to back; interleaved: all "
-                        "implementations of a workload set up together and timed in turns, one call each per "
+                        "implementations of a workload set up together and timed in turns, one turn each per "
                         "round")
     p.add_argument("--calls-per-round", type=int, default=CALLS_PER_ROUND,
                    help="calls dispatched back to back per timed round, the time per call (default "

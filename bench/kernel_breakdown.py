@@ -27,6 +27,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import workloads as W  # noqa: E402
+from bench_attention import captured  # noqa: E402
 
 # Kernel family of a CUDA kernel name; the first match wins (names are the kernels' C++ names).
 FAMILIES = (
@@ -146,23 +147,14 @@ def timeline_table(name, rows, replay_us):
 
 
 def one_timeline(torch, flamia, name, args):
-    call = workload_call(torch, flamia, name, args)
-    side = torch.cuda.Stream()  # warm-up off the capturing stream, as torch.cuda.graph asks
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(max(args.warmup, 1)):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        held = call()  # noqa: F841  (the outputs live as long as the graph that writes them)
-    graph.replay()
+    replay = captured(torch, workload_call(torch, flamia, name, args), warmup=max(args.warmup, 1))
+    replay()
     torch.cuda.synchronize()
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         start.record()
         for _ in range(args.rounds):
-            graph.replay()
+            replay()
         stop.record()
         torch.cuda.synchronize()
     events = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
