@@ -5,10 +5,10 @@ kernel records), summed per kernel family over --rounds calls after --warmup cal
 --rounds.
 
 Output: one markdown row per workload, ms per call for each kernel family (quantization of each
-tensor, the V fold reference, the work order, the short-document forward, forward, backward prep,
-dK dV, dQ, and 'other': every non-flamia kernel the op launches, e.g. allocator fills or dtype
-casts), the kernels' sum and the wall time per call (CUDA events around the same calls, so wall -
-sum is launch gaps and host time).
+tensor, the V fold reference, the work order, forward, backward prep, dK dV, dQ, and 'other':
+every non-flamia kernel the op launches, e.g. allocator fills or dtype casts), the kernels' sum and
+the wall time per call (CUDA events around the same calls, so wall - sum is launch gaps and host
+time).
 
 --timeline: instead, the call is captured in a CUDA graph and replayed --rounds times under the
 profiler; one table per workload lists every GPU activity of a call in launch order (each
@@ -34,7 +34,6 @@ FAMILIES = (
     ("quantize", "quantize"),
     ("prefix_max", "v fold ref"),
     ("build_work_order", "work order"),
-    ("forward_short_kernel", "short fwd"),
     ("forward_kernel", "forward"),
     ("backward_prep", "bwd prep"),
     ("backward_dkdv", "dK dV"),

@@ -39,20 +39,18 @@ CallError check_device() {
 
 CallError quantize_operand(const flamia_tensor& t, const flamia_documents& docs, ScaleGeometry geometry,
                            ScaleRule rule, uint8_t* codes, uint8_t* transposed_codes, uint8_t* scales,
-                           cudaStream_t stream, const char* name, const cuda::BlockCodes* second,
-                           int skip_documents_up_to) {
+                           cudaStream_t stream, const char* name, const cuda::BlockCodes* second) {
   // The validators bound T * H * D by 2^31 - 1, so every extent fits an int.
   const cudaError_t err = cuda::launch_quantize_mxfp8(
       static_cast<const __nv_bfloat16*>(t.data), t.stride_token, t.stride_head, int(t.tokens), int(t.heads),
-      int(t.dim), docs.cu_seqlens, docs.num_docs, geometry, rule, codes, transposed_codes, scales, stream, second,
-      skip_documents_up_to);
+      int(t.dim), docs.cu_seqlens, docs.num_docs, geometry, rule, codes, transposed_codes, scales, stream, second);
   if (err != cudaSuccess) return cuda_error(std::string("quantizing ") + name + " (launch_quantize_mxfp8)", err);
   return CallError::success();
 }
 
 CallError quantize_qkv(const flamia_tensor& q, const flamia_tensor& k, const flamia_tensor& v,
                        const flamia_documents& docs, const NumericsOptions& numerics, const QkvCodePointers& dst,
-                       cudaStream_t stream, int skip_documents_up_to) {
+                       cudaStream_t stream) {
   const ScaleGeometry geometry = numerics.effective_geometry();
   const ScaleRule rule = numerics.scale_rule;
   // K and V's interior codes come out of their per-token pass; no pair reads a document's last
@@ -62,16 +60,15 @@ CallError quantize_qkv(const flamia_tensor& q, const flamia_tensor& k, const fla
                                     tiling::kFrontierTile, tiling::kFrontierTiles};
   const cuda::BlockCodes v_interior{dst.v_interior_codes, dst.v_interior_codes_t, dst.v_interior_scales,
                                     tiling::kFrontierTile, tiling::kFrontierTiles};
-  if (CallError e = quantize_operand(q, docs, geometry, rule, dst.q_codes, dst.q_codes_t, dst.q_scales, stream, "q",
-                                     nullptr, skip_documents_up_to);
+  if (CallError e = quantize_operand(q, docs, geometry, rule, dst.q_codes, dst.q_codes_t, dst.q_scales, stream, "q");
       !e.ok())
     return e;
   if (CallError e = quantize_operand(k, docs, geometry, rule, dst.k_codes, dst.k_codes_t, dst.k_scales, stream, "k",
-                                     interior ? &k_interior : nullptr, skip_documents_up_to);
+                                     interior ? &k_interior : nullptr);
       !e.ok())
     return e;
   return quantize_operand(v, docs, geometry, rule, dst.v_codes, dst.v_codes_t, dst.v_scales, stream, "v",
-                          interior ? &v_interior : nullptr, skip_documents_up_to);
+                          interior ? &v_interior : nullptr);
 }
 
 float resolved_softmax_scale(const flamia_options& options, int head_dim) {
@@ -95,12 +92,11 @@ cuda::sm90::AttentionShape attention_shape(const flamia_tensor& q, const flamia_
   return s;
 }
 
-CallError build_work_order(cuda::sm90::AttentionShape& shape, uint8_t* table, uint8_t* counters, cudaStream_t stream,
-                           const cuda::ShortDocumentList& short_list) {
+CallError build_work_order(cuda::sm90::AttentionShape& shape, uint8_t* table, uint8_t* counters, cudaStream_t stream) {
   auto* const order_table = reinterpret_cast<order::OrderedTile*>(table);
   if (const cudaError_t err = cuda::launch_build_work_order(shape.cu_seqlens, shape.num_docs, shape.total_tokens,
                                                             shape.causal, order_table, reinterpret_cast<int*>(counters),
-                                                            stream, short_list);
+                                                            stream);
       err != cudaSuccess)
     return cuda_error("the work order (launch_build_work_order)", err);
   shape.work_order = order_table;

@@ -11,7 +11,6 @@
 #include "capi/validate.h"
 #include "cuda/quant/quantize_mxfp8.cuh"
 #include "core/options.h"
-#include "cuda/schedule/work_order.cuh"
 #include "cuda/sm90/attention_shape.h"
 #include "flamia/flamia.h"
 
@@ -29,11 +28,9 @@ CallError check_device();
 // codes in the row layout [T, H, D] and/or the transposed layout of core/operand_layout.h (either
 // codes pointer may be null), asynchronously on stream. name says which operand, for errors.
 // second: a block32 encoding in the same pass, as launch_quantize_mxfp8's (null: none).
-// skip_documents_up_to: launch_quantize_mxfp8's (documents the short-document forward quantizes).
 CallError quantize_operand(const flamia_tensor& t, const flamia_documents& docs, ScaleGeometry geometry,
                            ScaleRule rule, uint8_t* codes, uint8_t* transposed_codes, uint8_t* scales,
-                           cudaStream_t stream, const char* name, const cuda::BlockCodes* second = nullptr,
-                           int skip_documents_up_to = 0);
+                           cudaStream_t stream, const char* name, const cuda::BlockCodes* second = nullptr);
 
 // The buffer of a workspace region, or null where the layout has none (bytes 0).
 inline uint8_t* region_pointer(uint8_t* workspace, const WorkspaceRegion& r) {
@@ -71,11 +68,10 @@ QkvCodePointers qkv_code_pointers(uint8_t* base, const Layout& l) {
 
 // Quantizes q, k and v into dst: the forward, the backward and the saving forward encode the same
 // operands the same way, each into the code layouts (rows, transposed) that dst has; with interior
-// codes, k and v a second time with block32 groups. Documents of at most skip_documents_up_to tokens
-// are left to the short-document forward (no interior codes then).
+// codes, k and v a second time with block32 groups.
 CallError quantize_qkv(const flamia_tensor& q, const flamia_tensor& k, const flamia_tensor& v,
                        const flamia_documents& docs, const NumericsOptions& numerics, const QkvCodePointers& dst,
-                       cudaStream_t stream, int skip_documents_up_to = 0);
+                       cudaStream_t stream);
 
 // The softmax scale the kernels use: options.softmax_scale, or 1/sqrt(D) when it is 0.
 float resolved_softmax_scale(const flamia_options& options, int head_dim);
@@ -86,9 +82,7 @@ cuda::sm90::AttentionShape attention_shape(const flamia_tensor& q, const flamia_
                                            const flamia_options& options, const NumericsOptions& numerics);
 
 // Builds the attention kernels' work order (core/work_order.h) of shape's documents on stream, into
-// a workspace's work_order (table) and work_order_counters (scratch) regions, and points shape at it;
-// with short.limit > 0 also the short-document forward's list (cuda/schedule/work_order.cuh).
-CallError build_work_order(cuda::sm90::AttentionShape& shape, uint8_t* table, uint8_t* counters, cudaStream_t stream,
-                           const cuda::ShortDocumentList& short_list = {});
+// a workspace's work_order (table) and work_order_counters (scratch) regions, and points shape at it.
+CallError build_work_order(cuda::sm90::AttentionShape& shape, uint8_t* table, uint8_t* counters, cudaStream_t stream);
 
 }  // namespace flamia::capi

@@ -1,9 +1,7 @@
 // flamia_forward and flamia_forward_train: validate, carve the caller's workspace (and saved codes
 // buffer), quantize Q, K and V, build the V fold reference and the work order, then run the Hopper
-// forward kernel, all asynchronously on the caller's stream; flamia_forward sends short documents
-// (core/short_documents.h) through the short-document kernel instead, which quantizes them itself.
-// No allocation, no host synchronization and no device-to-host copy, so the call can be captured in
-// a CUDA graph.
+// forward kernel, all asynchronously on the caller's stream. No allocation, no host synchronization
+// and no device-to-host copy, so the call can be captured in a CUDA graph.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -12,10 +10,8 @@
 #include <string>
 
 #include "capi/cuda_call.h"
-#include "capi/forward_route.h"
 #include "capi/validate.h"
 #include "core/operand_layout.h"
-#include "core/short_documents.h"
 #include "cuda/quant/quantize_mxfp8.cuh"
 #include "cuda/sm90/forward.h"
 #include "flamia/flamia.h"
@@ -27,8 +23,7 @@ namespace {
 // into saved_codes, in every layout the backward reads too).
 CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v, const flamia_documents* docs,
                   const flamia_options* options, flamia_tensor* o, float* lse, QkvCodes codes, void* saved_codes,
-                  size_t saved_codes_bytes, void* workspace, size_t workspace_bytes, void* stream,
-                  ShortDocuments route = ShortDocuments::kFused) {
+                  size_t saved_codes_bytes, void* workspace, size_t workspace_bytes, void* stream) {
   if (CallError e = validate_forward(q, k, v, docs, options, o, lse); !e.ok()) return e;
   const bool saving = codes == QkvCodes::kSaved;
   // Prefix isolation: per-token scales, and with block32 geometry K's and V's interior codes too.
@@ -49,21 +44,13 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   uint8_t* const base = static_cast<uint8_t*>(workspace);
   auto region = [base](const WorkspaceRegion& r) { return region_pointer(base, r); };
 
-  // Short documents go through the short-document kernel where it applies: the inference forward
-  // (the training forward saves every code for the backward) without interior codes. The
-  // quantization pass and the forward kernel then take the longer documents alone, and run only
-  // where max_seqlen (validated against cu_seqlens_host when given) allows one.
-  const int short_limit = route == ShortDocuments::kFused && !saving && !interior ? short_docs::kMaxTokens : 0;
-  const bool long_documents = short_limit == 0 || docs->max_seqlen > short_limit;
   const QkvCodePointers qkv =
       saving ? qkv_code_pointers(static_cast<uint8_t*>(saved_codes), saved) : qkv_code_pointers(base, ws);
-  if (long_documents) {
-    if (CallError e = quantize_qkv(*q, *k, *v, *docs, numerics, qkv, s, short_limit); !e.ok()) return e;
-    if (const cudaError_t err = cuda::launch_prefix_max_scales(qkv.v_scales, T, Hkv, docs->cu_seqlens, docs->num_docs,
-                                                               docs->max_seqlen, region(ws.v_fold_ref), s, short_limit);
-        err != cudaSuccess)
-      return cuda_error("the V fold reference (launch_prefix_max_scales)", err);
-  }
+  if (CallError e = quantize_qkv(*q, *k, *v, *docs, numerics, qkv, s); !e.ok()) return e;
+  if (const cudaError_t err = cuda::launch_prefix_max_scales(qkv.v_scales, T, Hkv, docs->cu_seqlens, docs->num_docs,
+                                                             docs->max_seqlen, region(ws.v_fold_ref), s);
+      err != cudaSuccess)
+    return cuda_error("the V fold reference (launch_prefix_max_scales)", err);
 
   cuda::sm90::ForwardParams p{};
   p.q_codes = qkv.q_codes;
@@ -83,52 +70,24 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   p.lse = lse;
   p.work_counter = reinterpret_cast<int*>(region(ws.work_counter));
   static_cast<cuda::sm90::AttentionShape&>(p) = attention_shape(*q, *k, *docs, *options, numerics);
-  const cuda::ShortDocumentList short_list{short_limit, reinterpret_cast<int32_t*>(region(ws.short_docs)),
-                                           reinterpret_cast<int*>(region(ws.short_docs_counters))};
-  if (CallError e = build_work_order(p, region(ws.work_order), region(ws.work_order_counters), s, short_list); !e.ok())
-    return e;
-  if (long_documents) {
-    cudaError_t err = static_cast<cudaError_t>(cuda::sm90::launch_forward(p, stream));
-    if (err == cudaSuccess) err = cudaGetLastError();
-    if (err != cudaSuccess) return cuda_error("the forward kernel (launch_forward)", err);
-  }
-  if (short_limit > 0) {
-    cuda::sm90::ShortForwardParams sp{};
-    sp.forward = p;
-    sp.q = q->data, sp.k = k->data, sp.v = v->data;
-    sp.q_stride_token = q->stride_token, sp.q_stride_head = q->stride_head;
-    sp.k_stride_token = k->stride_token, sp.k_stride_head = k->stride_head;
-    sp.v_stride_token = v->stride_token, sp.v_stride_head = v->stride_head;
-    sp.floor_rule = numerics.scale_rule == ScaleRule::kFloor;
-    sp.docs = short_list.docs;
-    sp.doc_count = short_list.counters;  // counter 0 ends as the list's length
-    cudaError_t err = static_cast<cudaError_t>(cuda::sm90::launch_forward_short(sp, stream));
-    if (err == cudaSuccess) err = cudaGetLastError();
-    if (err != cudaSuccess) return cuda_error("the short-document forward kernel (launch_forward_short)", err);
-  }
+  if (CallError e = build_work_order(p, region(ws.work_order), region(ws.work_order_counters), s); !e.ok()) return e;
+  cudaError_t err = static_cast<cudaError_t>(cuda::sm90::launch_forward(p, stream));
+  if (err == cudaSuccess) err = cudaGetLastError();
+  if (err != cudaSuccess) return cuda_error("the forward kernel (launch_forward)", err);
   return CallError::success();
 }
 
 }  // namespace
-
-flamia_status forward_with(ShortDocuments route, const flamia_tensor* q, const flamia_tensor* k,
-                           const flamia_tensor* v, const flamia_documents* docs, const flamia_options* options,
-                           flamia_tensor* o, float* lse, void* workspace, size_t workspace_bytes, void* stream,
-                           flamia_error* error) {
-  return guarded(error, [&] {
-    return forward(q, k, v, docs, options, o, lse, QkvCodes::kInWorkspace, nullptr, 0, workspace, workspace_bytes,
-                   stream, route);
-  });
-}
-
 }  // namespace flamia::capi
 
 extern "C" flamia_status flamia_forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
                                         const flamia_documents* docs, const flamia_options* options, flamia_tensor* o,
                                         float* lse, void* workspace, size_t workspace_bytes, void* stream,
                                         flamia_error* error) {
-  return flamia::capi::forward_with(flamia::capi::ShortDocuments::kFused, q, k, v, docs, options, o, lse, workspace,
-                                    workspace_bytes, stream, error);
+  return flamia::capi::guarded(error, [&] {
+    return flamia::capi::forward(q, k, v, docs, options, o, lse, flamia::capi::QkvCodes::kInWorkspace, nullptr, 0,
+                                 workspace, workspace_bytes, stream);
+  });
 }
 
 extern "C" flamia_status flamia_forward_train(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,

@@ -10,7 +10,6 @@
 
 #include "core/documents.h"
 #include "core/operand_layout.h"
-#include "core/short_documents.h"
 #include "core/work_order.h"
 #include "reference/mxfp8_route.h"
 
@@ -356,8 +355,6 @@ ForwardWorkspace forward_workspace_layout(int64_t tokens, int64_t q_heads, int64
   w.v_fold_ref = c.take(t * hkv);
   w.work_counter = c.take(sizeof(int32_t));
   take_work_order(c, tokens, num_docs, w);
-  w.short_docs = c.take_if(own, size_t(num_docs) * sizeof(int32_t));
-  w.short_docs_counters = c.take_if(own, size_t(short_docs::kCostBuckets) * sizeof(int32_t));
   w.total = c.total();
   return w;
 }

@@ -88,9 +88,6 @@ struct ForwardWorkspace {
   WorkspaceRegion work_counter;  // int32: the persistent forward kernel's item counter
   WorkspaceRegion work_order;    // order::OrderedTile [order::table_entries(T, num_docs)] (core/work_order.h)
   WorkspaceRegion work_order_counters;  // int32 [order::cost_counters(T)]: the work order builder's scratch
-  // The short-document forward's work list (core/short_documents.h; the inference forward only, with
-  // codes in the workspace): int32 [num_docs] and its builder's int32 [short_docs::kCostBuckets].
-  WorkspaceRegion short_docs, short_docs_counters;
   size_t total = 0;            // a multiple of kWorkspaceAlignment
 };
 

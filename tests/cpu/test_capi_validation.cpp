@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "capi/validate.h"
-#include "core/short_documents.h"
 #include "core/work_order.h"
 #include "flamia/flamia.h"
 
@@ -452,7 +451,7 @@ TEST(CapiValidation, WorkspaceLayout) {
     EXPECT_EQ(w.q_codes_t.bytes + w.k_codes_t.bytes + w.v_codes.bytes, 0u) << "layouts the forward does not read";
     const WorkspaceRegion regions[] = {w.q_codes,    w.k_codes,      w.v_codes_t,  w.q_scales,
                                        w.k_scales,   w.v_scales,     w.v_fold_ref, w.work_counter,
-                                       w.work_order, w.work_order_counters, w.short_docs, w.short_docs_counters};
+                                       w.work_order, w.work_order_counters};
     // V's transposed codes: every document padded to whole 32-token steps, plus a step each.
     const size_t vt = size_t(Hkv * D) * size_t(32 * ((T + 31) / 32 + docs));
     // The work order: an entry per 128-token tile slot, a counter per cost 0 .. ceil(T / 128).
@@ -460,9 +459,7 @@ TEST(CapiValidation, WorkspaceLayout) {
     const size_t need[] = {size_t(T * Hq * D), size_t(T * Hkv * D), vt,
                            size_t(T * Hq),     size_t(T * Hkv),     size_t(T * Hkv),
                            size_t(T * Hkv),    sizeof(int32_t),     order_entries * sizeof(order::OrderedTile),
-                           costs * sizeof(int32_t),
-                           // the short-document forward's list: a document id each, a counter per bucket
-                           size_t(docs) * sizeof(int32_t), size_t(short_docs::kCostBuckets) * sizeof(int32_t)};
+                           costs * sizeof(int32_t)};
     size_t end = 0;
     for (size_t i = 0; i < std::size(regions); ++i) {
       EXPECT_EQ(regions[i].offset % kWorkspaceAlignment, 0u) << i;
@@ -560,7 +557,7 @@ TEST(CapiValidation, InteriorCodesRegions) {
   EXPECT_GE(f.total, f0.total + rows + transposed + 2 * scales);
   disjoint({f.q_codes, f.k_codes, f.v_codes_t, f.q_scales, f.k_scales, f.v_scales, f.k_interior_codes,
             f.v_interior_codes_t, f.k_interior_scales, f.v_interior_scales, f.v_fold_ref, f.work_counter,
-            f.work_order, f.work_order_counters, f.short_docs, f.short_docs_counters},
+            f.work_order, f.work_order_counters},
            f.total);
   const BackwardWorkspace b = backward_workspace_layout(T, Hq, Hkv, D, docs, true);
   EXPECT_GE(b.k_interior_codes.bytes, rows);
@@ -763,8 +760,7 @@ TEST(CapiValidation, SavedCodesLayouts) {
     // Without q, k, v's regions the workspaces keep the rest, in the same sizes.
     const ForwardWorkspace f = forward_workspace_layout(T, Hq, Hkv, D, docs, false, QkvCodes::kSaved);
     const ForwardWorkspace f_own = forward_workspace_layout(T, Hq, Hkv, D, docs, false);
-    for (const WorkspaceRegion& r : {f.q_codes, f.k_codes, f.v_codes_t, f.q_scales, f.k_scales, f.v_scales,
-                                     f.short_docs, f.short_docs_counters})  // the training forward fuses nothing
+    for (const WorkspaceRegion& r : {f.q_codes, f.k_codes, f.v_codes_t, f.q_scales, f.k_scales, f.v_scales})
       EXPECT_EQ(r.bytes, 0u);
     EXPECT_EQ(f.v_fold_ref.bytes, f_own.v_fold_ref.bytes);
     EXPECT_EQ(f.work_counter.bytes, f_own.work_counter.bytes);

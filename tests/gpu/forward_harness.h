@@ -14,7 +14,6 @@
 
 #include "analysis/inputs.h"
 #include "analysis/probe.h"
-#include "capi/forward_route.h"
 #include "core/options.h"
 #include "flamia/flamia.h"
 
@@ -116,8 +115,6 @@ struct ForwardCall {
   flamia_documents docs{};
   flamia_options options{};
   QkvHandOver hand_over = QkvHandOver::kRequantize;
-  // flamia_forward's route for short documents (capi/forward_route.h; kRequantize only).
-  capi::ShortDocuments short_documents = capi::ShortDocuments::kFused;
 
   ForwardCall(const analysis::AttentionInputs& in, const NumericsOptions& opt, bool causal,
               QkvHandOver hand_over_ = QkvHandOver::kRequantize)
@@ -150,11 +147,8 @@ struct ForwardCall {
     if (hand_over == QkvHandOver::kSavedCodes)
       return flamia_forward_train(&q.desc, &k.desc, &v.desc, &docs, &options, &o.desc, static_cast<float*>(lse.get()),
                                   saved_codes.get(), saved_codes.bytes(), workspace.get(), workspace.bytes(), stream, err);
-    if (short_documents == capi::ShortDocuments::kFused)  // the public entry point's route
-      return flamia_forward(&q.desc, &k.desc, &v.desc, &docs, &options, &o.desc, static_cast<float*>(lse.get()),
-                            workspace.get(), workspace.bytes(), stream, err);
-    return capi::forward_with(short_documents, &q.desc, &k.desc, &v.desc, &docs, &options, &o.desc,
-                              static_cast<float*>(lse.get()), workspace.get(), workspace.bytes(), stream, err);
+    return flamia_forward(&q.desc, &k.desc, &v.desc, &docs, &options, &o.desc, static_cast<float*>(lse.get()),
+                          workspace.get(), workspace.bytes(), stream, err);
   }
 
   analysis::ProbeOutputs run() {

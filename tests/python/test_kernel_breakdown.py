@@ -57,11 +57,3 @@ def test_the_table_names_kernels_by_family_and_instance():
     assert table.splitlines()[-1] == "| all (busy 897.0) | | 900.0 | 3.0 |"
     jitter = K.timeline_table("w", [("forward_kernel<1>(x)", 5.0, 1.0, -0.02)], 6.0)
     assert "| forward: forward_kernel<1> | 5.0 | 1.0 | 0.0 |" in jitter  # not "-0.0"
-
-
-def test_kernels_fall_into_their_families():
-    assert K.family(NAMES[0]) == "quantize"
-    assert K.family(NAMES[2]) == "forward"
-    short = "void flamia::cuda::sm90::(anonymous namespace)::forward_short_kernel<128>(flamia::X)"
-    assert K.family(short) == "short fwd", "the short-document forward is a family of its own, not the forward's"
-    assert K.family("Memset (Unknown)") == "other"

@@ -10,15 +10,12 @@ nvidia-cuda-cuobjdump wheel, or FLAMIA_CUOBJDUMP, or the PATH).
   rounded down to the allocation unit of 8). With fewer, a consumer's increase would wait forever
   for registers nobody gives back: a hang on the GPU, so it is checked here.
 - The forward keeps everything in registers (no stack frame): its variants that spilled ran slower
-  (session 30's timeline probe, 36 bytes: its steps ~8% long; docs/KERNELS.md). (The short-document
-  forward's D = 128 instance has a 16-byte frame, its quantizer warps' loop counters between Q
-  tiles, off the attention's path; its consumers do not spill.)
+  (session 30's timeline probe, 36 bytes: its steps ~8% long; docs/KERNELS.md).
 - The quantizer keeps everything in registers too: its interior-code instances had 24- and 32-byte
   stack frames at 4 CTAs per SM and ran slower than at 3 without (session 33: prefix's training-call
   quantize -5 to -6%).
 - Instance counts (forward 8: D in {64, 128} x consumer turns x prefix isolation's interior codes;
-  the short-document forward 2; dQ 8; dK dV 10), so that a new instance, build time on CI's two
-  cores, is a deliberate change.
+  dQ 8; dK dV 10), so that a new instance, build time on CI's two cores, is a deliberate change.
 """
 
 import importlib.util
@@ -37,7 +34,6 @@ if not LIB or not pathlib.Path(LIB).exists():
 # 384 threads, producers' and consumers' registers summing to 168 per thread (see above).
 WARP_SPECIALIZED_REGISTERS = 168
 FORWARD_INSTANCES = 8
-SHORT_FORWARD_INSTANCES = 2  # the short-document forward: D in {64, 128}
 
 
 def cuobjdump() -> str:
@@ -92,9 +88,8 @@ def test_parses_cuobjdump_lines():
     assert usage["_Z3barv"]["STACK"] == 24
 
 
-@pytest.mark.parametrize("base,instances", [("forward_kernel", FORWARD_INSTANCES),
-                                            ("forward_short_kernel", SHORT_FORWARD_INSTANCES),
-                                            ("backward_dq_kernel", 8), ("backward_dkdv_kernel", 10)])
+@pytest.mark.parametrize("base,instances", [("forward_kernel", FORWARD_INSTANCES), ("backward_dq_kernel", 8),
+                                            ("backward_dkdv_kernel", 10)])
 def test_warp_specialized_kernels_get_the_registers_their_roles_share(kernels, base, instances):
     found = family(kernels, base)
     assert len(found) == instances, f"{base}: {len(found)} instances, expected {instances}"

@@ -36,9 +36,6 @@
 namespace flamia::cuda {
 namespace {
 
-using detail::max_abs_bits;
-using detail::transpose_bytes_4x4;
-
 constexpr int kTileTokens = tiling::kScaleBlock;  // document positions per CTA step: one block32 group
 constexpr int kThreads = 256;
 constexpr int kChunk = 8;  // BF16 features per 16-byte load
@@ -82,6 +79,12 @@ struct __align__(8) RowCodec {
 };
 
 
+// Max of |x| over 8 BF16 values, as a sign-cleared bit pattern (see fact 1 above).
+__device__ __forceinline__ uint32_t max_abs_bits(const uint4& v) {
+  constexpr uint32_t kAbs = 0x7FFF7FFFu;
+  const uint32_t m = __vmaxu2(__vmaxu2(v.x & kAbs, v.y & kAbs), __vmaxu2(v.z & kAbs, v.w & kAbs));
+  return max(m & 0xFFFFu, m >> 16);
+}
 
 // threadIdx.x, read where it is called: the compiler cannot hoist what derives from it out of a loop.
 __device__ __forceinline__ int thread_index_here() {
@@ -90,6 +93,15 @@ __device__ __forceinline__ int thread_index_here() {
   return tid;
 }
 
+// Transposes a 4x4 block of bytes held as four words: byte b of word r moves to byte r of word b.
+__device__ __forceinline__ void transpose_bytes_4x4(uint32_t (&w)[4]) {
+  const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
+  const uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
+  w[0] = __byte_perm(lo01, lo23, 0x5410);
+  w[1] = __byte_perm(lo01, lo23, 0x7632);
+  w[2] = __byte_perm(hi01, hi23, 0x5410);
+  w[3] = __byte_perm(hi01, hi23, 0x7632);
+}
 
 template <bool kVecLoad>
 __device__ __forceinline__ uint4 load_chunk(const __nv_bfloat16* src) {
@@ -102,26 +114,6 @@ __device__ __forceinline__ uint4 load_chunk(const __nv_bfloat16* src) {
     for (int j = 0; j < 4; ++j) w[j] = uint32_t(__ldg(p + 2 * j)) | (uint32_t(__ldg(p + 2 * j + 1)) << 16);
     return make_uint4(w[0], w[1], w[2], w[3]);
   }
-}
-
-// Whether step `slot` (core/document_slots.h, unit 32) of short document `doc` lies inside the key
-// tile span of a longer document before it (longer than `limit` tokens): that document's last
-// key tile (128 tokens from a tile boundary) runs up to 3 steps past its own steps, into the next
-// documents' (each document, even an empty one, advances the slot numbering by at least one, so
-// only the 3 documents before `doc` can reach it). The attention kernels' tile loads read those
-// steps of the transposed layout, so they must hold finite codes even where the short-document
-// forward, not this pass, quantizes the document. Uniform over the CTA.
-__device__ __forceinline__ bool in_long_document_tile_span(const int32_t* __restrict__ cu_seqlens, int doc,
-                                                           int total_tokens, int limit, int64_t slot) {
-  constexpr int kStepsPerTile = tiling::kFwdKeyTile / kTileTokens;
-  for (int before = doc - 1; before >= 0 && before >= doc - kStepsPerTile + 1; --before) {
-    const DocumentSpan s = document_span(cu_seqlens, before, total_tokens);
-    if (s.len <= limit) continue;
-    const int64_t span_end = slots::first_slot(s.begin, before, kTileTokens) +
-                             kStepsPerTile * slots::ceil_div(s.len, tiling::kFwdKeyTile);
-    if (slot < span_end) return true;
-  }
-  return false;
 }
 
 // Grid (document tile slots of 32 positions, head groups of kHeadsPerCta; core/document_slots.h).
@@ -143,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems, kSecond))
                           int total_tokens, int heads, int dim, const int32_t* __restrict__ cu_seqlens, int num_docs,
                           ScaleGeometry geometry, ScaleRule rule, bool vec_store, uint8_t* __restrict__ codes,
                           uint8_t* __restrict__ transposed_codes, uint8_t* __restrict__ scales,
-                          BlockCodes second, int skip_up_to) {
+                          BlockCodes second) {
   // Per (head of the CTA, row): sign-cleared BF16 amax patterns (block32 uses row 0) and scales.
   __shared__ uint32_t row_amax[kHeadsPerCta][kTileTokens];
   __shared__ RowCodec row_codec[kHeadsPerCta][kTileTokens];  // each row's scale, as the encoder takes it
@@ -171,26 +163,19 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems, kSecond))
     // Each warp finds the slot's document with a 32-way search: ceil(log32(num_docs)) dependent
     // loads where a binary search took log2(num_docs), ahead of every load of the step.
     DocumentTile work;
-    // Zeroes the slot's step of the transposed layout (for every head of the CTA).
-    auto zero_transposed_step = [&] {
-      for (int i = int(threadIdx.x); i < 2 * dim * cta_heads; i += kThreads) {
-        const int row = h_first * dim + i / 2, half = i % 2;  // row = head * dim + feature
-        *reinterpret_cast<uint4*>(transposed_codes + int64_t(row) * transposed_pitch + slot * kTileTokens +
-                                  16 * half) = make_uint4(0u, 0u, 0u, 0u);
-      }
-    };
     if (!document_tile_warp(cu_seqlens, num_docs, total_tokens, kTileTokens, slot, work)) {
       // An idle slot: its step of the transposed layout holds no token. Zero it, so that the whole
       // layout is defined (the attention kernels' tile loads run past a document's end).
-      if (transposed_codes) zero_transposed_step();
+      if (transposed_codes) {
+        for (int i = int(threadIdx.x); i < 2 * dim * cta_heads; i += kThreads) {
+          const int row = h_first * dim + i / 2, half = i % 2;  // row = head * dim + feature
+          *reinterpret_cast<uint4*>(transposed_codes + int64_t(row) * transposed_pitch + slot * kTileTokens +
+                                    16 * half) = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
       continue;
     }
     const DocumentSpan d = work.span;
-    if (d.len <= skip_up_to) {  // a short document: the short-document forward quantizes it itself
-      if (transposed_codes && in_long_document_tile_span(cu_seqlens, work.doc, total_tokens, skip_up_to, slot))
-        zero_transposed_step();
-      continue;
-    }
     const int p0 = work.tile * kTileTokens;
     // A block32 group is [p0, scale_group_end(p0)); a token tile is the same 32 positions.
     const int rows = scale_group_end(p0, ScaleGeometry::kBlock32, d.len) - p0;
@@ -362,7 +347,7 @@ constexpr int kScanChunk = 4 * kThreads;
 __global__ void __launch_bounds__(kThreads)
     prefix_max_scales_kernel(const uint8_t* __restrict__ scales, int total_tokens, int heads,
                              const int32_t* __restrict__ cu_seqlens, int num_docs, bool chunked,
-                             int skip_up_to, uint8_t* __restrict__ prefix_max) {
+                             uint8_t* __restrict__ prefix_max) {
   static_assert(formats::kUe8m0NaN == 0xFF, "NaN must be the largest UE8M0 byte");
   __shared__ uint32_t warp_total[kThreads / 32];
   __shared__ uint32_t block_total;
@@ -381,7 +366,6 @@ __global__ void __launch_bounds__(kThreads)
     if (!chunked) work.span = document_span(cu_seqlens, int(slot), total_tokens);
     else if (!document_tile_warp(cu_seqlens, num_docs, total_tokens, kScanChunk, slot, work)) continue;
     const DocumentSpan d = work.span;
-    if (d.len <= skip_up_to) continue;  // uniform over the CTA: a short document's reference is not read
     const int c0 = work.tile * kScanChunk, c1 = chunked ? min(d.len, c0 + kScanChunk) : d.len;
     uint32_t carry = 0;
     if (c0 > 0) {  // uniform over the CTA
@@ -408,7 +392,7 @@ __global__ void __launch_bounds__(kThreads)
 cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, int64_t head_stride, int total_tokens,
                                   int heads, int dim, const int32_t* cu_seqlens, int num_docs, ScaleGeometry geometry,
                                   ScaleRule rule, uint8_t* codes, uint8_t* transposed_codes, uint8_t* scales,
-                                  cudaStream_t stream, const BlockCodes* second, int skip_documents_up_to) {
+                                  cudaStream_t stream, const BlockCodes* second) {
   if (dim < kChunk || dim > kMaxDim || dim % kChunk != 0 || heads < 1 || heads > kMaxGridY || total_tokens < 0 ||
       num_docs < 0)
     return cudaErrorInvalidValue;
@@ -417,9 +401,8 @@ cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, 
        (second->codes == nullptr && second->transposed_codes == nullptr) ||
        reinterpret_cast<uintptr_t>(second->transposed_codes) % 16 != 0 ||
        reinterpret_cast<uintptr_t>(second->codes) % 8 != 0 || second->skip_tile < 0 ||
-       second->skip_tile % kTileTokens != 0 || second->skip_tiles < 0 || skip_documents_up_to != 0))
+       second->skip_tile % kTileTokens != 0 || second->skip_tiles < 0))
     return cudaErrorInvalidValue;
-  if (skip_documents_up_to < 0) return cudaErrorInvalidValue;
   if (total_tokens == 0 || num_docs == 0) return cudaSuccess;
   if (x == nullptr || cu_seqlens == nullptr || scales == nullptr || (codes == nullptr && transposed_codes == nullptr) ||
       reinterpret_cast<uintptr_t>(transposed_codes) % 16 != 0)
@@ -438,11 +421,11 @@ cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, 
     if (second != nullptr)
       quantize_mxfp8_kernel<kVec, kItemsC, true><<<grid, kThreads, 0, stream>>>(
           x, token_stride, head_stride, total_tokens, heads, dim, cu_seqlens, num_docs, geometry, rule, vec_store,
-          codes, transposed_codes, scales, *second, skip_documents_up_to);
+          codes, transposed_codes, scales, *second);
     else
       quantize_mxfp8_kernel<kVec, kItemsC, false><<<grid, kThreads, 0, stream>>>(
           x, token_stride, head_stride, total_tokens, heads, dim, cu_seqlens, num_docs, geometry, rule, vec_store,
-          codes, transposed_codes, scales, BlockCodes{}, skip_documents_up_to);
+          codes, transposed_codes, scales, BlockCodes{});
   };
   using Small = std::integral_constant<int, kItemsUpTo128>;
   using Large = std::integral_constant<int, kMaxItemsPerThread>;
@@ -455,9 +438,8 @@ cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, 
 }
 
 cudaError_t launch_prefix_max_scales(const uint8_t* scales, int total_tokens, int heads, const int32_t* cu_seqlens,
-                                     int num_docs, int max_doc_len, uint8_t* prefix_max, cudaStream_t stream,
-                                     int skip_documents_up_to) {
-  if (heads < 1 || total_tokens < 0 || num_docs < 0 || skip_documents_up_to < 0) return cudaErrorInvalidValue;
+                                     int num_docs, int max_doc_len, uint8_t* prefix_max, cudaStream_t stream) {
+  if (heads < 1 || total_tokens < 0 || num_docs < 0) return cudaErrorInvalidValue;
   if (total_tokens == 0 || num_docs == 0) return cudaSuccess;
   if (scales == nullptr || cu_seqlens == nullptr || prefix_max == nullptr) return cudaErrorInvalidValue;
   if (heads > kMaxGridY) return cudaErrorInvalidValue;
@@ -466,7 +448,7 @@ cudaError_t launch_prefix_max_scales(const uint8_t* scales, int total_tokens, in
   const int64_t work_slots = chunked ? slots::slot_count(total_tokens, num_docs, kScanChunk) : num_docs;
   const dim3 grid(unsigned(work_slots < kMaxBlocks ? work_slots : kMaxBlocks), unsigned(heads));
   prefix_max_scales_kernel<<<grid, kThreads, 0, stream>>>(scales, total_tokens, heads, cu_seqlens, num_docs, chunked,
-                                                          skip_documents_up_to, prefix_max);
+                                                          prefix_max);
   return cudaGetLastError();
 }
 

@@ -79,27 +79,6 @@ __device__ __forceinline__ uint32_t encode_scaled_e4m3x4(uint32_t w0, uint32_t w
   const float inv = inverse_scale(scale);
   return encode_e4m3x4(w0, w1, inv, code_mask(inv));
 }
-
-// Max of |x| over 8 BF16 values, as a sign-cleared bit pattern: for finite values the pattern of
-// |x| orders exactly like the value, and every non-finite pattern (0x7F80 Inf, above it NaN) lies
-// above every finite one, so the integer max over a group is the pattern of its amax, or a
-// non-finite one (the NaN scale) when the group holds a NaN or Inf.
-__device__ __forceinline__ uint32_t max_abs_bits(const uint4& v) {
-  constexpr uint32_t kAbs = 0x7FFF7FFFu;
-  const uint32_t m = __vmaxu2(__vmaxu2(v.x & kAbs, v.y & kAbs), __vmaxu2(v.z & kAbs, v.w & kAbs));
-  return max(m & 0xFFFFu, m >> 16);
-}
-
-// Transposes a 4x4 block of bytes held as four words: byte b of word r moves to byte r of word b
-// (the transposed code layout's stores: a word per row of 4 features becomes a word per feature).
-__device__ __forceinline__ void transpose_bytes_4x4(uint32_t (&w)[4]) {
-  const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
-  const uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
-  w[0] = __byte_perm(lo01, lo23, 0x5410);
-  w[1] = __byte_perm(lo01, lo23, 0x7632);
-  w[2] = __byte_perm(hi01, hi23, 0x5410);
-  w[3] = __byte_perm(hi01, hi23, 0x7632);
-}
 #endif
 
 }  // namespace detail
@@ -134,13 +113,6 @@ __device__ __forceinline__ void transpose_bytes_4x4(uint32_t (&w)[4]) {
 // interior codes of K and V next to their per-token codes: no pair reads a document's last
 // tiling::kFrontierTiles frontier tiles with them, and every tile read with them lies inside its
 // document.
-//
-// skip_documents_up_to > 0 (with second null): documents of at most that many tokens are left to the
-// short-document forward (core/short_documents.h), which quantizes them itself: their codes and
-// scales are not written, except that the transposed layout's steps that a longer document's last
-// key tile reads past its end (in the 3 documents after it) are zeroed, so that every tile the
-// attention kernels load holds finite codes. (The rows layout past a document's end needs no such
-// care: its codes only meet masked scores.)
 struct BlockCodes {
   uint8_t* codes = nullptr;
   uint8_t* transposed_codes = nullptr;
@@ -151,7 +123,7 @@ cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, 
                                   int heads, int dim, const int32_t* cu_seqlens, int num_docs,
                                   flamia::ScaleGeometry geometry, flamia::ScaleRule rule, uint8_t* codes,
                                   uint8_t* transposed_codes, uint8_t* scales, cudaStream_t stream,
-                                  const BlockCodes* second = nullptr, int skip_documents_up_to = 0);
+                                  const BlockCodes* second = nullptr);
 
 // The mask-aware V fold reference: prefix_max[t, h] = the largest V scale exponent of head h over
 // positions [document start, t] of t's document, as a UE8M0 byte [total_tokens, heads]. NaN
@@ -160,10 +132,8 @@ cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, 
 // byte: the running byte max is exactly the NaN-propagating running max of the exponents.)
 // cu_seqlens is clamped as above. max_doc_len, a bound on the document lengths, only picks the
 // grid (one CTA per document when every document fits one chunk; any bound gives the same bytes).
-// Documents of at most skip_documents_up_to tokens are not scanned (launch_quantize_mxfp8's
-// short documents). Asynchronous on `stream`; returns the launch status.
+// Asynchronous on `stream`; returns the launch status.
 cudaError_t launch_prefix_max_scales(const uint8_t* scales, int total_tokens, int heads, const int32_t* cu_seqlens,
-                                     int num_docs, int max_doc_len, uint8_t* prefix_max, cudaStream_t stream,
-                                     int skip_documents_up_to = 0);
+                                     int num_docs, int max_doc_len, uint8_t* prefix_max, cudaStream_t stream);
 
 }  // namespace flamia::cuda

@@ -5,8 +5,6 @@
 //   3. counter[c] = the tiles that cost more than c: the first rank of cost c (a suffix sum);
 //   4. each tile takes rank atomicAdd(counter[its cost], 1).
 // No tile costs 0, so counter[0] ends as the number of tiles (phase 3's sum over every cost).
-// With a short-document list, the short documents' tiles are left out of the table, and the same
-// four phases over the documents sort the short ones into the list.
 // A few microseconds (tiles and costs are counted in thousands); the attention kernels then find
 // an item with one table load instead of a document search.
 #include <cuda_runtime.h>
@@ -48,7 +46,6 @@ struct BuildArgs {
   int* counters;
   int64_t entries;
   int costs;
-  ShortDocumentList short_list;  // limit 0: none
 };
 
 __global__ void __launch_bounds__(kThreads) build_work_order_kernel(const BuildArgs a) {
@@ -57,12 +54,10 @@ __global__ void __launch_bounds__(kThreads) build_work_order_kernel(const BuildA
   for (int c = t; c < a.costs; c += kThreads) a.counters[c] = 0;
   __syncthreads();
   // f(tile, cost) for each tile of a document, one tile slot per thread at a time.
-  const ShortDocumentList& sl = a.short_list;
   auto each_tile = [&](auto f) {
     for (int64_t slot = t; slot < a.entries; slot += kThreads) {
       DocumentTile tile;
-      if (document_tile(a.cu_seqlens, a.num_docs, a.total_tokens, order::kWorkTile, slot, tile) &&
-          !short_docs::is_short(tile.span.len, sl.limit))
+      if (document_tile(a.cu_seqlens, a.num_docs, a.total_tokens, order::kWorkTile, slot, tile))
         f(tile, order::tile_cost(tile.tile, tile.tiles, a.causal));
     }
   };
@@ -73,32 +68,12 @@ __global__ void __launch_bounds__(kThreads) build_work_order_kernel(const BuildA
   each_tile([&](const DocumentTile& tile, int cost) {
     a.table[atomicAdd(a.counters + cost, 1)] = {tile.doc, tile.tile};
   });
-  if (sl.limit == 0) return;  // uniform
-  // The short documents, the same counting sort over their cost buckets (no document is in bucket 0,
-  // so counter 0 ends as their number).
-  auto each_short = [&](auto f) {
-    for (int d = t; d < a.num_docs; d += kThreads) {
-      const int len = document_span(a.cu_seqlens, d, a.total_tokens).len;
-      if (short_docs::is_short(len, sl.limit)) f(d, short_docs::cost_bucket(len));
-    }
-  };
-  for (int c = t; c < short_docs::kCostBuckets; c += kThreads) sl.counters[c] = 0;
-  __syncthreads();
-  each_short([&](int, int bucket) { atomicAdd(sl.counters + bucket, 1); });
-  __syncthreads();
-  exclusive_suffix_sum(sl.counters, short_docs::kCostBuckets);
-  __syncthreads();
-  each_short([&](int d, int bucket) { sl.docs[atomicAdd(sl.counters + bucket, 1)] = d; });
 }
 
 }  // namespace
 
 cudaError_t launch_build_work_order(const int32_t* cu_seqlens, int num_docs, int total_tokens, bool causal,
-                                    order::OrderedTile* table, int* cost_counters, cudaStream_t stream,
-                                    const ShortDocumentList& short_list) {
-  if (short_list.limit < 0 || short_list.limit > short_docs::kMaxTokens ||
-      (short_list.limit > 0 && (short_list.docs == nullptr || short_list.counters == nullptr)))
-    return cudaErrorInvalidValue;
+                                    order::OrderedTile* table, int* cost_counters, cudaStream_t stream) {
   const BuildArgs args{cu_seqlens,
                        num_docs,
                        total_tokens,
@@ -106,8 +81,7 @@ cudaError_t launch_build_work_order(const int32_t* cu_seqlens, int num_docs, int
                        table,
                        cost_counters,
                        order::table_entries(total_tokens, num_docs),
-                       int(order::cost_counters(total_tokens)),
-                       short_list};
+                       int(order::cost_counters(total_tokens))};
   build_work_order_kernel<<<1, kThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }

@@ -6,29 +6,17 @@
 
 #include <cstdint>
 
-#include "core/short_documents.h"
 #include "core/work_order.h"
 #include "cuda/document_span.cuh"
 
 namespace flamia::cuda {
 
-// The short-document forward's work list (core/short_documents.h): with limit > 0, the documents
-// of 1 .. limit tokens, longest first (by cost bucket), in docs[0 .. counters[0]), sorted with
-// counters[0 .. short_docs::kCostBuckets) as scratch; their tiles are then left out of the table.
-struct ShortDocumentList {
-  int limit = 0;  // 0: no list, every document's tiles in the table; at most short_docs::kMaxTokens
-  int32_t* docs = nullptr;  // [num_docs]
-  int* counters = nullptr;  // [short_docs::kCostBuckets]; [0]: the list's length
-};
-
-// Fills table[0 .. order::table_entries(T, num_docs)) with every document's tiles (but the short
-// list's), costliest first (idle entries after them), using cost_counters[0 ..
-// order::cost_counters(T)) as scratch; after it, cost_counters[0] holds the number of tiles (the
-// kernels' work_order_tiles). One CTA; reads cu_seqlens on the device, so the call stays
-// capturable in a CUDA graph.
+// Fills table[0 .. order::table_entries(T, num_docs)) with every document's tiles, costliest first
+// (idle entries after them), using cost_counters[0 .. order::cost_counters(T)) as scratch; after
+// it, cost_counters[0] holds the number of tiles (the kernels' work_order_tiles). One CTA; reads
+// cu_seqlens on the device, so the call stays capturable in a CUDA graph.
 cudaError_t launch_build_work_order(const int32_t* cu_seqlens, int num_docs, int total_tokens, bool causal,
-                                    order::OrderedTile* table, int* cost_counters, cudaStream_t stream,
-                                    const ShortDocumentList& short_list = {});
+                                    order::OrderedTile* table, int* cost_counters, cudaStream_t stream);
 
 // Table entry `entry` as a tile of its document (span, the document's tiles, and the entry's tile:
 // counted from the document start for the query tile kernels, the forward and dQ, from its end for

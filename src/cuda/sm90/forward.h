@@ -33,20 +33,4 @@ struct ForwardParams : AttentionShape {
 // Returns the cudaError_t of the launch as an int (0 = success). head_dim must be 64 or 128.
 int launch_forward(const ForwardParams& params, void* stream);
 
-// The short-document forward (forward_short.cu, core/short_documents.h): the documents of the work
-// list `docs` (ShortDocumentList of cuda/schedule/work_order.cuh, built on the stream before it),
-// read as BF16 and quantized inside the kernel with the quantizer's arithmetic, so O and LSE are
-// bitwise what launch_forward gives for them after the quantization pass. Needs no interior codes
-// (document isolation, or prefix isolation with token geometry); forward's code pointers are not
-// read, its work_counter is (the launch zeroes it).
-struct ShortForwardParams {
-  ForwardParams forward;
-  const void *q, *k, *v;  // BF16 [T, H, D], element strides below (multiples of 8, 16-byte aligned)
-  int64_t q_stride_token, q_stride_head, k_stride_token, k_stride_head, v_stride_token, v_stride_head;
-  bool floor_rule;        // the scale rule: OCP's floor, else ceil
-  const int32_t* docs;    // the short documents, longest first
-  const int* doc_count;   // how many (on the device)
-};
-int launch_forward_short(const ShortForwardParams& params, void* stream);
-
 }  // namespace flamia::cuda::sm90

@@ -1,9 +1,9 @@
-// The forward's per-tile mathematics, shared by its two kernels (forward.cu: codes quantized by their
-// own pass; forward_short.cu: short documents quantized inside the kernel): the CTA's shape, one key
+// The forward's per-tile mathematics (forward.cu is the pipeline around it): the CTA's shape, one key
 // tile's operands and factors as the consumers read them (KeyTileStage), a work item (CtaWork) and
 // its rows' constants, and the consumer side of one tile: the masked and interior softmax paths,
-// the online-softmax update and an item's output. Both kernels hand these the same values, so
-// their outputs are bitwise the same (the GPU tests check it).
+// the online-softmax update and an item's output. Apart from the kernel's producers, stage ring and
+// item loop, so that another kernel can attend with the same numbers (bitwise: the same functions
+// on the same values; session 36's short-document forward did, docs/KERNELS.md).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -106,8 +106,7 @@ __device__ __forceinline__ int clamp_fold_exponent(int e, int ceiling) {
 constexpr int kTileGroups = kKeyTile / tiling::kScaleBlock;
 static_assert(kTileGroups <= 32, "a lane per group");
 // {e_g, 2^-e_g} of a grouped tile's group whose V scale byte is v_byte, for an item of split exponent
-// c (neg_c = -c, or the NaN marker): the streamers' store_group_factors and the short-document
-// forward's per-tile factors (forward_short.cu) take it from here.
+// c (neg_c = -c, or the NaN marker): what the streamers' store_group_factors stores per group.
 __device__ __forceinline__ float2 group_fold_factor(uint8_t v_byte, int neg_c) {
   const int e = clamp_fold_exponent(add_exponents(scale_exponent(v_byte), neg_c), 0);
   return make_float2(float(e), exp2i_float(-e));

@@ -55,14 +55,4 @@ cudaError_t transposed_form_map(CUtensorMap& map, const uint8_t* codes_t, int64_
   return make_byte_tensor_map(map, codes_t, 2, dims, strides, box, swizzle_for_row(box_tokens));
 }
 
-cudaError_t bf16_rows_map(CUtensorMap& map, const void* x, int tokens, int heads, int dim, int64_t stride_token,
-                          int64_t stride_head, int box_rows) {
-  constexpr int kBytes = 2;  // BF16
-  if (dim != 64 && dim != 128) return cudaErrorInvalidValue;
-  const cuuint64_t dims[3] = {cuuint64_t(dim) * kBytes, cuuint64_t(heads), cuuint64_t(tokens)};
-  const cuuint64_t strides[2] = {cuuint64_t(stride_head) * kBytes, cuuint64_t(stride_token) * kBytes};
-  const cuuint32_t box[3] = {cuuint32_t(dim) * kBytes, 1, cuuint32_t(box_rows)};
-  return make_byte_tensor_map(map, x, 3, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
-}
-
 }  // namespace flamia::cuda::sm90

@@ -27,9 +27,5 @@ cudaError_t make_byte_tensor_map(CUtensorMap& map, const void* base, int rank, c
 cudaError_t rows_form_map(CUtensorMap& map, const uint8_t* codes, int tokens, int heads, int dim, int box_rows);
 cudaError_t transposed_form_map(CUtensorMap& map, const uint8_t* codes_t, int64_t pitch, int heads, int dim,
                                 int box_tokens);
-// A BF16 input [tokens, heads, dim] (element strides, multiples of 8) as bytes: a box of box_rows
-// tokens x the dim features of one head (dense, no swizzle), loaded at coordinates {0, head, token}.
-cudaError_t bf16_rows_map(CUtensorMap& map, const void* x, int tokens, int heads, int dim, int64_t stride_token,
-                          int64_t stride_head, int box_rows);
 
 }  // namespace flamia::cuda::sm90

@@ -66,15 +66,6 @@ __device__ __forceinline__ void tma_load(const CUtensorMap& map, void* dst, uint
       : "memory");
 }
 
-// Brings the box of `map` at the given coordinates into L2 (no shared memory, no barrier): a later
-// tma_load of it then reads L2 instead of DRAM.
-__device__ __forceinline__ void tma_prefetch_l2(const CUtensorMap& map, int c0, int c1, int c2) {
-  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(&map)),
-               "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
-}
-
 // The tiles of tensor_map.h's two code layouts (its coordinate conventions).
 __device__ __forceinline__ void tma_load_rows(const CUtensorMap& map, void* dst, uint64_t& bar, int head, int token) {
   tma_load(map, dst, bar, 0, head, token);
@@ -151,19 +142,6 @@ struct ConsumerTurns {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(barrier), "n"(kThreads) : "memory");
   }
 };
-
-// --- named barriers and the async proxy ------------------------------------------------------------
-// Barrier `id` (1..15; 0 is __syncthreads') among `threads` threads (a multiple of 32), all of which
-// call it.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-// Orders this thread's earlier shared-memory stores before later reads through the async proxy
-// (wgmma's shared-memory operands, TMA): a kernel that writes an operand tile with ordinary stores
-// fences, then synchronizes with the threads that issue the products.
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 
 // --- warpgroup registers -----------------------------------------------------------------------
 // Every thread of a warpgroup executes the same call: producers give registers back, consumers

@@ -12,18 +12,6 @@
 
 namespace flamia::cuda::sm90 {
 
-// Where a tile of kRowBytes-byte rows (64 or 128; the tile 1024-byte aligned) keeps its logical byte
-// `offset` (row * kRowBytes + byte) under the swizzle above: the 16-byte chunk index (bits 4..) XORed
-// with bits 7.. of the offset (128-byte rows: the row mod 8; 64-byte rows: (row / 2) mod 4), as TMA
-// writes a tile and wgmma reads it. For kernels that write an operand tile with ordinary stores
-// (forward_short.cu); a row's bytes stay inside the row.
-template <int kRowBytes>
-__device__ __forceinline__ int swizzled_offset(int offset) {
-  static_assert(kRowBytes == 64 || kRowBytes == 128, "the 64- and 128-byte swizzles");
-  constexpr int kMask = kRowBytes == 128 ? 7 : 3;
-  return offset ^ (((offset >> 7) & kMask) << 4);
-}
-
 // Row-group strides (SBO) of the two tile forms the kernels use: rows form (rows = tokens, K = the
 // D features of a head) and transposed form (rows = features, K = kTokens tokens).
 template <int D>
