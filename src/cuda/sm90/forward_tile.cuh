@@ -3,7 +3,7 @@
 // its rows' constants, and the consumer side of one tile: the masked and interior softmax paths,
 // the online-softmax update and an item's output. Apart from the kernel's producers, stage ring and
 // item loop, so that another kernel can attend with the same numbers (bitwise: the same functions
-// on the same values; session 36's short-document forward did, docs/KERNELS.md).
+// on the same values; session 36's short-document forward did: 08f4422, reverted, docs/KERNELS.md).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -42,7 +42,7 @@ struct alignas(1024) KeyTileStage {
   uint8_t k[kKeyTile * D];   // rows = keys, K = features (swizzled)
   uint8_t vt[D * kKeyTile];  // rows = features, K = keys, permuted (swizzled)
   float k_col[kKeyTile];     // 2^ek_j (0 past the document end)
-  float v_pow[kKeyTile];     // 2^(ev_j - c): interior tiles' half of the V fold (see consume)
+  float v_pow[kKeyTile];     // 2^(ev_j - c): interior tiles' half of the V fold (see row_constants)
   uint8_t v_scale[kKeyTile];  // UE8M0 of V_j: masked tiles fold with its exponent
   float2 group_fold[kKeyTile / tiling::kScaleBlock];  // grouped tiles: {e_g, 2^-e_g} (see GroupFold)
 };
@@ -50,7 +50,7 @@ struct alignas(1024) KeyTileStage {
 struct CtaWork {
   int doc, doc_begin, doc_end, len, q0, head, kvh;
   int tiles;  // key tiles, from the diagonal one (tile 0 of the loop) down to the first; 0: no more
-  int c_exp;  // the V fold split exponent c (see consume)
+  int c_exp;  // the V fold split exponent c (see row_constants)
 };
 // The constants of one of an item's query rows (row_constants), computed by the publisher so that
 // a consumer's start on an item is a few shared-memory loads.
@@ -175,12 +175,12 @@ __device__ __forceinline__ void rescale_output(float (&o_acc)[N], const float (&
 // -inf elsewhere; p = 2^(s - m); l sums unrounded p; s is left holding p 2^(ev_j + fold_bias_i),
 // which pack_a_operand rounds to P~. Masked keys contribute an exact 0, even when their V scale is NaN.
 // The fold factor 2^(ev_j + fold_bias_i) is v_pow_j row_pow_i, as on interior tiles, when the warp's
-// rows allow it (split_fold: see consume; bitwise the same factor), else built from the exponents.
+// rows allow it (split_fold: see row_constants; bitwise the same factor), else built from the exponents.
 // With kSkipUnseenSpans, keys come in spans of kSpanKeys, and a span that no row of the warp sees
 // (on the diagonal tile the keys after the warp's last row, the keys past the document end) skips
 // the exponentials: its P~ is 0 and it adds nothing to l, exactly what the element path gives it
 // (its max is -inf either way). (The first pass skipping unseen spans as well spilled in every
-// instance; which instances skip: consume_items' kLeanSteps.)
+// instance; which instances skip: forward.cu's consume_items' kLeanSteps.)
 constexpr int kSpanKeys = 16;  // a warp's rows: on the diagonal tile consumer c's warp w sees spans 0 .. 4c + w
 constexpr int kSpans = kKeyTile / kSpanKeys, kBlocksPerSpan = kSpanKeys / 8;
 __device__ __forceinline__ void skip_span(float (&s)[kKeyTile / 2], int span) {
@@ -285,7 +285,7 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
 //     p NaN below, and so the row's O and LSE, as on masked tiles);
 //   - s - m as one fused multiply-add (one rounding instead of two: well inside the tolerances);
 //   - the V fold 2^(ev_j + fold_bias_i) as the product v_pow_j row_pow_i of two powers of two
-//     (bitwise the same factor: see consume).
+//     (bitwise the same factor: see row_constants).
 template <int D>
 __device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const KeyTileStage<D>& st,
                                               const float (&q_factor)[2], const float (&row_pow)[2],
@@ -475,7 +475,7 @@ __device__ __forceinline__ void interior_softmax(const ForwardParams& p, const I
 // running max, so it never looks past a row. Only tile 0 can be masked: it is the diagonal tile
 // (causal; its keys start at the item's first row) or the document's last (not causal), and every
 // tile i >= 1 lies inside the document and, causal, before the item's first row, so the tile loop
-// may run interior_softmax alone (consume_items' kLeanSteps).
+// may run interior_softmax alone (forward.cu's consume_items' kLeanSteps).
 template <int D, bool kInteriorCodes, bool kSkipUnseenSpans>
 __device__ __forceinline__ void tile_softmax(const ForwardParams& p, const ItemRows& it, const KeyTileStage<D>& st,
                                              int i, float (&s)[kKeyTile / 2], float (&m)[2], float (&l)[2],
