@@ -84,24 +84,31 @@ def workload_call(torch, flamia, name, args):
     return call
 
 
+def profiled(torch, call, rounds):
+    """call() `rounds` times back to back under the profiler (CUDA activities) and between two CUDA
+    events: (the profiler, ms per call by the events)."""
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        start.record()
+        for _ in range(rounds):
+            call()
+        stop.record()
+        torch.cuda.synchronize()
+    return prof, start.elapsed_time(stop) / rounds
+
+
 def one_workload(torch, flamia, name, args):
     call = workload_call(torch, flamia, name, args)
     for _ in range(args.warmup):
         call()
     torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        start.record()
-        for _ in range(args.rounds):
-            call()
-        stop.record()
-        torch.cuda.synchronize()
+    prof, ms_per_call = profiled(torch, call, args.rounds)
     per_family = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0:
             label = family(e.name)
             per_family[label] = per_family.get(label, 0.0) + e.device_time_total / 1e3 / args.rounds
-    return per_family, start.elapsed_time(stop) / args.rounds
+    return per_family, ms_per_call
 
 
 def timeline_rows(events, calls):
@@ -150,16 +157,10 @@ def one_timeline(torch, flamia, name, args):
     replay = captured(torch, workload_call(torch, flamia, name, args), warmup=max(args.warmup, 1))
     replay()
     torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        start.record()
-        for _ in range(args.rounds):
-            replay()
-        stop.record()
-        torch.cuda.synchronize()
+    prof, ms_per_call = profiled(torch, replay, args.rounds)
     events = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                     if e.device_type == torch.autograd.DeviceType.CUDA)
-    return timeline_table(name, timeline_rows(events, args.rounds), start.elapsed_time(stop) / args.rounds * 1e3)
+    return timeline_table(name, timeline_rows(events, args.rounds), ms_per_call * 1e3)
 
 
 def main(argv=None):

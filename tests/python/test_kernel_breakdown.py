@@ -57,3 +57,26 @@ def test_the_table_names_kernels_by_family_and_instance():
     assert table.splitlines()[-1] == "| all (busy 897.0) | | 900.0 | 3.0 |"
     jitter = K.timeline_table("w", [("forward_kernel<1>(x)", 5.0, 1.0, -0.02)], 6.0)
     assert "| forward: forward_kernel<1> | 5.0 | 1.0 | 0.0 |" in jitter  # not "-0.0"
+
+
+def test_profiled_runs_the_call_rounds_times_and_times_it_per_call():
+    import contextlib
+    import types
+
+    class Event:
+        def __init__(self, **kwargs):
+            pass
+
+        def record(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 8.0  # ms between the two events
+
+    calls = []
+    torch = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Event=Event, synchronize=lambda: None),
+        profiler=types.SimpleNamespace(ProfilerActivity=types.SimpleNamespace(CUDA=1),
+                                       profile=lambda activities: contextlib.nullcontext("profiler")))
+    prof, ms_per_call = K.profiled(torch, lambda: calls.append(1), 4)
+    assert prof == "profiler" and len(calls) == 4 and ms_per_call == 2.0
