@@ -27,11 +27,16 @@ constexpr double kMaxLseDiffVsEmulation = 2e-3;
 
 // Unaligned starts everywhere, and empty documents (idle tile slots) in the middle and at the end.
 const std::vector<int> kAwkwardLengths = {1, 31, 32, 0, 33, 127, 129, 1000, 4097, 0};
+// The same below the mean document length from which the consumers take turns (attention_shape.h's
+// kTurnsFromMeanDocument), so that block32 runs the forward's short-document kernel instance (no
+// turns, lean steps; kAwkwardLengths run it with per-token scales only).
+const std::vector<int> kShortLengths = {1, 31, 32, 0, 33, 127, 129, 255, 300, 0};
 
 struct Case {
   int q_heads, kv_heads, dim;
   bool causal;
   int config;  // index into analysis::default_numerics_configs() (rowcol U only: the forward ignores U)
+  bool short_documents = false;  // kShortLengths instead of kAwkwardLengths
 };
 
 class ForwardVsEmulation : public ::testing::TestWithParam<Case> {};
@@ -41,7 +46,9 @@ TEST_P(ForwardVsEmulation, MatchesTheEmulationAndMeetsTheBars) {
   const Case c = GetParam();
   const NumericsOptions opt = analysis::default_numerics_configs()[c.config];
   if (!c.causal && opt.isolation == Isolation::kPrefix) GTEST_SKIP() << "prefix isolation needs causal";
-  const auto in = analysis::random_inputs({kAwkwardLengths, c.q_heads, c.kv_heads, c.dim}, 1234 + c.config);
+  const auto in = analysis::random_inputs({c.short_documents ? kShortLengths : kAwkwardLengths, c.q_heads, c.kv_heads,
+                                           c.dim},
+                                          1234 + c.config);
   const reference::AttentionShape shape{.causal = c.causal};
 
   ForwardCall call(in, opt, c.causal);
@@ -69,6 +76,9 @@ std::vector<Case> forward_cases() {
   cases.push_back({4, 2, 64, true, 3});     // prefix, D = 64
   cases.push_back({8, 2, 128, false, 0});   // non-causal
   cases.push_back({8, 2, 64, false, 2});    // non-causal, floor
+  for (int config = 0; config < 4; ++config) cases.push_back({16, 4, 128, true, config, true});  // short documents
+  cases.push_back({4, 4, 64, true, 2, true});     // short documents, D = 64, floor
+  cases.push_back({8, 2, 128, false, 0, true});   // short documents, non-causal
   return cases;
 }
 
@@ -77,7 +87,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ForwardVsEmulation, ::testing::ValuesIn(forward
                            const Case& c = i.param;
                            return "H" + std::to_string(c.q_heads) + "x" + std::to_string(c.kv_heads) + "_D" +
                                   std::to_string(c.dim) + (c.causal ? "_causal" : "_full") + "_cfg" +
-                                  std::to_string(c.config);
+                                  std::to_string(c.config) + (c.short_documents ? "_short" : "");
                          });
 
 // The isolation probe on the GPU: O and LSE (dQ arrives with the backward).
