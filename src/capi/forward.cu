@@ -6,7 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <exception>
 #include <string>
 
@@ -72,18 +71,6 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   p.work_counter = reinterpret_cast<int*>(region(ws.work_counter));
   static_cast<cuda::sm90::AttentionShape&>(p) = attention_shape(*q, *k, *docs, *options, numerics);
   if (CallError e = build_work_order(p, region(ws.work_order), region(ws.work_order_counters), s); !e.ok()) return e;
-  if (const char* probe = std::getenv("FLAMIA_PROBE_BG")) {  // PROBE (session 37): rows = factor * T * Hq
-    static uint8_t* scratch = nullptr;
-    static int64_t scratch_rows = 0;
-    const int64_t rows = int64_t(q->tokens) * q->heads;
-    if (scratch_rows < rows && cudaMalloc(&scratch, size_t(rows) * 128) == cudaSuccess) scratch_rows = rows;
-    if (scratch_rows >= rows && q->dim == 128) {
-      p.probe_src = q->data;
-      p.probe_dst = scratch;
-      p.probe_src_rows = rows;
-      p.probe_rows = int64_t(std::atof(probe) * double(rows)) / 32 * 32;
-    }
-  }
   cudaError_t err = static_cast<cudaError_t>(cuda::sm90::launch_forward(p, stream));
   if (err == cudaSuccess) err = cudaGetLastError();
   if (err != cudaSuccess) return cuda_error("the forward kernel (launch_forward)", err);

@@ -44,7 +44,6 @@
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
 #include "cuda/sm90/work_items.cuh"
-#include "cuda/quant/quantize_mxfp8.cuh"
 #include "formats/scales.h"
 
 namespace flamia::cuda::sm90 {
@@ -394,38 +393,6 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   }
 }
 
-// PROBE: a background quantizer's cost. A lane per row of 128 BF16, a warp per 32-row group: the
-// group's amax (integer max of sign-cleared patterns, a warp reduction), its scale, then the row's
-// codes from a second read of the row.
-__device__ __forceinline__ void background_probe(const ForwardParams& p) {
-  const int lane = int(threadIdx.x) % 32;
-  const int64_t groups = p.probe_rows / 32;
-  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
-    const int64_t row = (g * 32 + lane) % p.probe_src_rows;
-    const uint4* src = static_cast<const uint4*>(p.probe_src) + row * 16;
-    uint32_t amax2 = 0;
-#pragma unroll 4
-    for (int c = 0; c < 16; ++c) {
-      const uint4 w = __ldg(src + c);
-      amax2 = __vmaxu2(__vmaxu2(amax2, w.x & 0x7fff7fffu), __vmaxu2(w.y & 0x7fff7fffu, w.z & 0x7fff7fffu));
-      amax2 = __vmaxu2(amax2, w.w & 0x7fff7fffu);
-    }
-    const uint32_t amax = __reduce_max_sync(0xffffffffu, max(amax2 & 0xffffu, amax2 >> 16));
-    const uint8_t scale = ::flamia::cuda::detail::scale_for_bf16_amax(amax, formats::ScaleRule::kCeil);
-    const float inv = ::flamia::cuda::detail::inverse_scale(scale);
-    const uint32_t mask = ::flamia::cuda::detail::code_mask(inv);
-    uint4* dst = reinterpret_cast<uint4*>(p.probe_dst + row * 128);
-#pragma unroll 2
-    for (int c = 0; c < 8; ++c) {
-      const uint4 a = __ldg(src + 2 * c), b = __ldg(src + 2 * c + 1);
-      dst[c] = make_uint4(::flamia::cuda::detail::encode_e4m3x4(a.x, a.y, inv, mask),
-                          ::flamia::cuda::detail::encode_e4m3x4(a.z, a.w, inv, mask),
-                          ::flamia::cuda::detail::encode_e4m3x4(b.x, b.y, inv, mask),
-                          ::flamia::cuda::detail::encode_e4m3x4(b.z, b.w, inv, mask));
-    }
-  }
-}
-
 template <int D, bool kTurns, bool kInteriorCodes>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ ForwardArgs args) {
   // The skeleton of tma.cuh's aligned_shared_storage and run_roles, written out: through those
@@ -443,7 +410,6 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   if (threadIdx.x < 128) {
     release_registers<kProducerRegisters>();
     if (threadIdx.x < 32 * kProducerWarps) produce<D, kInteriorCodes>(args, sm);
-    else if (args.p.probe_rows > 0) background_probe(args.p);
   } else {
     claim_registers<kConsumerRegisters>();
     consume_items<D, kTurns, kInteriorCodes>(args, sm);

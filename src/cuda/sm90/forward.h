@@ -28,11 +28,6 @@ struct ForwardParams : AttentionShape {
   int64_t o_stride_token, o_stride_head;
   float* lse;  // [Hq, T], natural log
   int* work_counter;  // the persistent kernel's item counter (launch.cuh; zeroed by the launch)
-  // PROBE (session 37, not landed): producer warp 3 quantizes probe_rows rows of 128 BF16 (row r
-  // read from probe_src row r % probe_src_rows) into probe_dst, as a background quantizer would.
-  const void* probe_src;
-  uint8_t* probe_dst;
-  int64_t probe_rows, probe_src_rows;
 };
 
 // Returns the cudaError_t of the launch as an int (0 = success). head_dim must be 64 or 128.
