@@ -53,14 +53,6 @@ using namespace forward_tile;
 
 constexpr int kStages = 5;  // tile i's K and V, tile i-1's V (still in P.V), tiles i+1.. landing
 constexpr int kQueryBuffers = 2;  // item n's Q tile in buffer n % 2: item n + 1's loads while n runs
-// Item notices: the publisher announces item n to the tile streamers in notice n % kItemNotices
-// before it waits for the item's Q buffer, so that a short item's key tiles start loading while
-// the item two back still holds that buffer (the streamers used to learn of an item from its
-// buffer's "full": on tiny-unaligned the consumers then waited for the next item's first key tile).
-constexpr int kItemNotices = 4;
-struct ItemNotice {
-  CtaWork work;  // tiles 0: no more items
-};
 constexpr int kProducerLanes = 32;   // the Q ring's producer warp (the publisher)
 
 template <int D>
@@ -68,10 +60,8 @@ struct SharedTiles {
   alignas(1024) uint8_t q[kQueryBuffers][kQueryRows * D];
   KeyTileStage<D> stage[kStages];
   QueryTileInfo info[kQueryBuffers];
-  ItemNotice notices[kItemNotices];
   StageRing<kStages> ring;         // key tiles, use i = the CTA's i-th key tile over all its items
   StageRing<kQueryBuffers> q_ring;  // Q tiles, use n = the CTA's n-th item
-  StageRing<kItemNotices> notice_ring;  // item notices, use n = the CTA's n-th item
 };
 // The dynamic shared memory's base is only 16-byte aligned: the kernel rounds it up.
 template <int D>
@@ -241,46 +231,26 @@ constexpr int kProducerWarps = kStreamerRoleWarps;
 template <int D, bool kInteriorCodes>
 __device__ __forceinline__ void produce(const ForwardArgs& args, SharedTiles<D>& sm) {
   const bool streamed = run_as_tile_streamer([&](auto streamer) {
-    for_each_published_item<CtaWork, true>(sm.notice_ring, sm.notices, [&](const CtaWork& w, int, int key_uses) {
+    stream_work_items<CtaWork>(sm.q_ring, sm.info, [&](const CtaWork& w, int, int key_uses) {
       produce_key_tiles<D, decltype(streamer)::value, kInteriorCodes>(args, w, key_uses, sm);
     });
   });
   if (streamed) return;
-  // The publisher: per item n, find it, post its notice (the streamers start its key tiles), wait
-  // for Q buffer n % 2, store the item and its rows' constants there and load its Q tile, then
-  // claim the next item (work_items.cuh's produce_work_items, with the notice ahead of the buffer).
   const ForwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
-  const int tiles = __ldg(p.work_order_tiles), items = tiles * p.q_heads;
-  auto claim_next = [&] { return __shfl_sync(0xffffffffu, lane == 0 ? next_work_item(p.work_counter) : 0, 0); };
-  int item = first_work_item();
-  for (int n = 0;; ++n) {
-    CtaWork w;
-    while (item < items && !find_work(p, item, tiles, w)) item = claim_next();
-    const bool done = item >= items;
-    sm.notice_ring.wait_empty(n);
-    if (lane == 0) {
-      if (done) sm.notices[sm.notice_ring.stage(n)].work.tiles = 0;
-      else sm.notices[sm.notice_ring.stage(n)].work = w;
-    }
-    sm.notice_ring.arrive_full(n);
-    sm.q_ring.wait_empty(n);
-    QueryTileInfo& info = sm.info[sm.q_ring.stage(n)];
-    if (done) {
-      if (lane == 0) info.work.tiles = 0;
-      sm.q_ring.arrive_full(n);
-      return;
-    }
-    if (lane == 0) {
-      info.work = w;
-      uint64_t& full = sm.q_ring.full_barrier(n);
-      barrier_expect_bytes(full, kQueryRows * D);
-      tma_load_rows(args.q_map, sm.q[sm.q_ring.stage(n)], full, w.head, w.doc_begin + w.q0);
-    }
-    store_row_constants(p, w, lane, info);
-    sm.q_ring.arrive_full(n);
-    item = claim_next();
-  }
+  const int tiles = __ldg(p.work_order_tiles);
+  publish_work_items<CtaWork>(
+      p.work_counter, tiles * p.q_heads, sm.q_ring, sm.info,
+      [&](int item, CtaWork& w) { return find_work(p, item, tiles, w); },
+      [&](const CtaWork& w, int n) {
+        QueryTileInfo& info = sm.info[sm.q_ring.stage(n)];
+        if (lane == 0) {
+          uint64_t& full = sm.q_ring.full_barrier(n);
+          barrier_expect_bytes(full, kQueryRows * D);
+          tma_load_rows(args.q_map, sm.q[sm.q_ring.stage(n)], full, w.head, w.doc_begin + w.q0);
+        }
+        store_row_constants(p, w, lane, info);
+      });
 }
 
 
@@ -434,7 +404,6 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   if (threadIdx.x == 0) {
     sm.ring.init(kStreamerLanes, kConsumerWarps);
     sm.q_ring.init(kProducerLanes, kConsumerWarps);
-    sm.notice_ring.init(kProducerLanes, kTileStreamers);
     barrier_init_fence();
   }
   __syncthreads();
