@@ -35,7 +35,11 @@ visible pairs only: 4 * D * pairs * Hq / time for the forward, 3.5 times that fo
 (the backward counted as 2.5 forwards). A training call is torch.autograd.grad of the output (in the
 packed [T, Hq, D] layout) for a fixed random dO, or jax.vjp, so every implementation returns dq, dk,
 dv. Peak memory is the torch allocator's peak during one call above what was allocated before it
-(torch implementations only). Every baseline runs in its own try/except: one that cannot run records
+(torch implementations only). Between each implementation's timed rounds the bench reads the
+GPU's SM clock and power-cap state through NVML (bench/gpu_monitor.py; read only, off with
+--no-gpu-readings) and reports them in a table of their own, since the clock a call runs at decides
+several ratios (a heavy call's power brings it down ~10%); with --energy-seconds S it also runs each
+implementation's calls back to back for S seconds after its rounds and reports their energy per call. Every baseline runs in its own try/except: one that cannot run records
 'unsupported: <reason>' and the run goes on. Each output (forward: o; train: dq) is compared with
 flamia's (cosine), so a baseline computing a different mask shows up.
 
@@ -67,6 +71,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import gpu_monitor  # noqa: E402
 import workloads as W  # noqa: E402
 
 IMPLS = {
@@ -124,15 +129,18 @@ def import_flamia():
 # Timing.
 
 def torch_once(torch, fn, calls):
-    """once() -> (ms, out): `calls` fn() calls dispatched back to back, timed with CUDA events on the
-    current stream around them, per call."""
-    def once():
+    """once(during=None) -> (ms, out): `calls` fn() calls dispatched back to back, timed with CUDA
+    events on the current stream around them, per call; during(), if given, runs once they are all
+    dispatched, while the GPU runs them (the meter's clock read: outside the GPU's critical path)."""
+    def once(during=None):
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(calls):
             out = fn()
         end.record()
+        if during is not None:
+            during()
         end.synchronize()
         return start.elapsed_time(end) / calls, out
     return once
@@ -146,12 +154,15 @@ CALLS_PER_ROUND = 4
 
 
 def jax_once(jax, fn, args, calls):
-    """once() -> (ms, out): `calls` jitted calls dispatched back to back, the wall clock up to the
-    last one's block_until_ready, per call (JAX runs them in order on one stream)."""
-    def once():
+    """once(during=None) -> (ms, out): `calls` jitted calls dispatched back to back, the wall clock up
+    to the last one's block_until_ready, per call (JAX runs them in order on one stream); during(),
+    if given, runs once they are all dispatched, while the GPU runs them."""
+    def once(during=None):
         t0 = time.perf_counter()
         for _ in range(calls):
             out = fn(*args)
+        if during is not None:
+            during()
         jax.block_until_ready(out)
         return (time.perf_counter() - t0) * 1e3 / calls, out
     return once
@@ -516,7 +527,7 @@ def prime_captures(torch, flamia, args, impls):
     (torch 2.11) cuDNN SDPA's first training-call capture in a process fails, and so does every later
     capture of that shape, while other shapes then capture; the primer takes that failure."""
     case = Case(torch, "primer", {"lens": PRIMER_LENS}, args.seed, train=args.pass_ == "train")
-    quiet = argparse.Namespace(**{**vars(args), "rounds": 1, "warmup": 0, "no_check": True})
+    quiet = argparse.Namespace(**{**vars(args), "rounds": 1, "warmup": 0, "no_check": True, "energy_seconds": 0.0})
     for impl in impls:
         if impl in TORCH_SETUPS:
             r = run_impl(torch, flamia, case, impl, quiet)
@@ -531,15 +542,28 @@ def cosine(torch, a, b):
 
 
 class Prepared:
-    """One implementation set up and warmed up on one workload: step() times one more call."""
+    """One implementation set up and warmed up on one workload: step() times one more round, and
+    `meter` (gpu_monitor.Meter) reads the GPU's clock and energy over it."""
 
-    def __init__(self, impl, once, to_packed, result):
+    def __init__(self, impl, once, to_packed, result, meter=None, calls=1):
         self.impl, self.once, self.to_packed, self.result = impl, once, to_packed, result
+        self.meter = meter if meter is not None else gpu_monitor.GpuMonitor(None).meter()
+        self.calls = calls
         self.times, self.out = [], None
 
     def step(self):
-        ms, self.out = self.once()
+        ms, self.out = self.once(self.meter.read_clock)
         self.times.append(ms)
+
+    def measure_energy(self, seconds):
+        """Rounds back to back for at least `seconds` (untimed), read by the meter's energy counter."""
+        if seconds <= 0:
+            return
+        with self.meter.energy_window() as w:
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                self.once()
+                w.calls += self.calls
 
 
 def failed(impl, exc, args):
@@ -596,7 +620,7 @@ def prepare(torch, flamia, case, impl, args):
         for _ in range(args.warmup):
             once()
         torch.cuda.synchronize()
-        return Prepared(impl, once, to_packed, result)
+        return Prepared(impl, once, to_packed, result, args.gpu_monitor.meter(), args.calls_per_round)
     except Exception as exc:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -609,6 +633,9 @@ def finish(torch, case, prepared, args):
     result = prepared.result
     ms = statistics.median(prepared.times)
     result.update(ms=ms, tflops=case.flops / (ms * 1e-3) / 1e12, times_ms=[round(t, 4) for t in prepared.times])
+    gpu = prepared.meter.summary()
+    if gpu is not None:
+        result["gpu"] = gpu
     if not args.no_check:
         try:
             packed = prepared.to_packed(prepared.out)
@@ -632,6 +659,7 @@ def run_impl(torch, flamia, case, impl, args):
     try:
         for _ in range(args.rounds):
             prepared.step()
+        prepared.measure_energy(args.energy_seconds)
         return finish(torch, case, prepared, args)
     except Exception as exc:
         return failed(impl, exc, args)
@@ -667,6 +695,12 @@ def run_interleaved(torch, flamia, case, order, args):
                 del prepared[impl]
     for impl in order:  # flamia first: its output is the others' reference
         if impl in prepared:
+            try:
+                prepared[impl].measure_energy(args.energy_seconds)
+            except Exception as exc:
+                results[impl] = failed(impl, exc, args)
+                del prepared[impl]
+                continue
             results[impl] = finish(torch, case, prepared.pop(impl), args)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -697,6 +731,14 @@ def summarize(row):
     row["ratio_vs_cudnn_fp8"] = flamia_tf / fp8_tf if flamia_tf and fp8_tf else None
     prefix_tf = tflops("flamia-prefix")
     row["prefix_time_ratio"] = flamia_tf / prefix_tf if flamia_tf and prefix_tf else None  # prefix ms / default ms
+
+    def joules(name):
+        r = impls.get(name, {})
+        return r.get("gpu", {}).get("joules_per_call") if r.get("status") == "ok" else None
+
+    flamia_j, best_j = joules("flamia"), joules(best_name) if best_name else None
+    # The best BF16 baseline's energy per call over flamia's (> 1: flamia takes less).
+    row["energy_ratio_vs_best_bf16"] = best_j / flamia_j if flamia_j and best_j else None
 
 
 def markdown(meta, rows, impls):
@@ -781,12 +823,51 @@ def markdown(meta, rows, impls):
                 cells.append(f"{r['peak_mib']:.0f}" if r.get("status") == "ok" and "peak_mib" in r else "-")
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+    lines.extend(gpu_readings_table(meta, rows, impls))
     lines.append("Implementations: " + "; ".join(f"`{k}` = {IMPLS[k]}" for k in impls) + ".")
     if notes:
         lines.append("")
         lines.append("Notes:")
         lines.extend(f"- {n}" for n in notes)
     return "\n".join(lines) + "\n"
+
+
+def gpu_readings_table(meta, rows, impls):
+    """The markdown lines of the GPU's clock and energy over each implementation's timed rounds
+    (gpu_monitor.py); none when no implementation has readings."""
+    if not any(r.get("gpu") for row in rows for r in row["impls"].values()):
+        return []
+    energy = bool(meta.get("energy_seconds"))
+    lines = [
+        "GPU clock during each implementation's timed rounds (NVML, read only, once a round while the GPU "
+        "runs its calls): the median SM clock (MHz), and the share of reads with the driver holding the clock "
+        "down for power (software cap or power brake)"
+        + (f"; then energy per call (J) over {meta['energy_seconds']:g} s or more of its calls back to back "
+           "(untimed), from the GPU's energy counter, which advances every ~100 ms; 'energy, best BF16 / "
+           "flamia' > 1: flamia takes less energy per call. Those seconds of load change the clock of the "
+           "implementations timed after them: time the protocol in a run without --energy-seconds"
+           if energy else "") + ".",
+        "",
+    ]
+    header = ["workload"] + list(impls) + (["energy, best BF16 / flamia"] if energy else [])
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "|".join(["---"] * len(header)) + "|")
+    for row in rows:
+        cells = [row["workload"]]
+        for impl in impls:
+            g = row["impls"].get(impl, {}).get("gpu")
+            cell = f"{g['sm_mhz']:.0f} MHz" if g else "-"
+            if g and g.get("power_capped") is not None:  # (tables rebuilt from a log have the clock alone)
+                cell += f", {100 * g['power_capped']:.0f}% capped"
+            if g and "joules_per_call" in g:
+                cell += f", {g['joules_per_call']:.2f} J"
+            cells.append(cell)
+        if energy:
+            ratio = row.get("energy_ratio_vs_best_bf16")
+            cells.append(f"{ratio:.2f} ({row['best_bf16']})" if ratio else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
 
 
 def environment(torch):
@@ -834,9 +915,16 @@ def parse_args(argv):
                    help="time every torch implementation replaying its call from a CUDA graph (DESIGN.md section 5)")
     p.add_argument("--no-check", action="store_true", help="skip the cosine check against flamia's output")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failing implementations")
+    p.add_argument("--no-gpu-readings", action="store_true",
+                   help="do not read the GPU's SM clock between the rounds (NVML; on by default)")
+    p.add_argument("--energy-seconds", type=float, default=0.0,
+                   help="after its timed rounds, run each implementation's calls back to back (untimed) for at "
+                        "least this long and report their energy per call from the GPU's energy counter "
+                        "(default 0: off; the counter advances every ~100 ms, so 1 s or more)")
     args = p.parse_args(argv)
-    if args.rounds < 1 or args.warmup < 0 or args.calls_per_round < 1:
-        p.error("--rounds and --calls-per-round must be >= 1 and --warmup >= 0")
+    args.gpu_monitor = gpu_monitor.GpuMonitor(None)  # readings off until main opens the device's
+    if args.rounds < 1 or args.warmup < 0 or args.calls_per_round < 1 or args.energy_seconds < 0:
+        p.error("--rounds and --calls-per-round must be >= 1, --warmup and --energy-seconds >= 0")
 
     def pick(text, known, what):
         if text == "all":
@@ -863,6 +951,10 @@ def main(argv=None):
         return 2
     flamia = import_flamia()
     meta = environment(torch)
+    if not args.no_gpu_readings:
+        args.gpu_monitor = gpu_monitor.open_monitor(torch, log)
+    meta["gpu_readings"] = args.gpu_monitor.available
+    meta["energy_seconds"] = args.energy_seconds if args.gpu_monitor.available else 0.0
     meta.update(rounds=args.rounds, warmup=args.warmup, schedule=args.schedule,
                 calls_per_round=args.calls_per_round,
                 **{"pass": args.pass_}, graph=args.graph, seed=args.seed, tokens=W.TOTAL, q_heads=W.Q_HEADS,
@@ -896,6 +988,10 @@ def main(argv=None):
                 row["impls"][impl] = r
             if r["status"] == "ok":
                 extra = f", cos vs flamia {r['cos_vs_flamia']:.4f}" if "cos_vs_flamia" in r else ""
+                if r.get("gpu"):
+                    extra += f", {r['gpu']['sm_mhz']:.0f} MHz"
+                    if "joules_per_call" in r["gpu"]:
+                        extra += f", {r['gpu']['joules_per_call']:.2f} J/call"
                 log(f"bench:   {impl:15s} {r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s{extra}")
             else:
                 log(f"bench:   {impl:15s} {r['status']}")

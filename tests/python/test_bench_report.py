@@ -76,7 +76,7 @@ def test_interleaved_schedule_times_each_implementation_once_per_round_in_rotate
         if impl == "flex":
             return {"status": "unsupported: no block mask"}
 
-        def once():
+        def once(during=None):
             calls.append(impl)
             if impl == "fa2-varlen" and calls.count(impl) == 2:
                 raise RuntimeError("boom")
