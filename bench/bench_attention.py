@@ -35,11 +35,12 @@ visible pairs only: 4 * D * pairs * Hq / time for the forward, 3.5 times that fo
 (the backward counted as 2.5 forwards). A training call is torch.autograd.grad of the output (in the
 packed [T, Hq, D] layout) for a fixed random dO, or jax.vjp, so every implementation returns dq, dk,
 dv. Peak memory is the torch allocator's peak during one call above what was allocated before it
-(torch implementations only). Between each implementation's timed rounds the bench reads the
-GPU's SM clock and power-cap state through NVML (bench/gpu_monitor.py; read only, off with
+(torch implementations only). Once a round, while the round's calls run, the bench reads the GPU's
+SM clock and power-cap state through NVML (bench/gpu_monitor.py; read only, off with
 --no-gpu-readings) and reports them in a table of their own, since the clock a call runs at decides
-several ratios (a heavy call's power brings it down ~10%); with --energy-seconds S it also runs each
-implementation's calls back to back for S seconds after its rounds and reports their energy per call. Every baseline runs in its own try/except: one that cannot run records
+several ratios (under the power cap, implementations keep different clocks); with --energy-seconds S
+it also runs each implementation's calls back to back for S seconds after its rounds and reports
+their energy per call. Every baseline runs in its own try/except: one that cannot run records
 'unsupported: <reason>' and the run goes on. Each output (forward: o; train: dq) is compared with
 flamia's (cosine), so a baseline computing a different mask shows up.
 
@@ -916,7 +917,7 @@ def parse_args(argv):
     p.add_argument("--no-check", action="store_true", help="skip the cosine check against flamia's output")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failing implementations")
     p.add_argument("--no-gpu-readings", action="store_true",
-                   help="do not read the GPU's SM clock between the rounds (NVML; on by default)")
+                   help="do not read the GPU's SM clock during the rounds (NVML; on by default)")
     p.add_argument("--energy-seconds", type=float, default=0.0,
                    help="after its timed rounds, run each implementation's calls back to back (untimed) for at "
                         "least this long and report their energy per call from the GPU's energy counter "
