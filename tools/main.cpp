@@ -6,6 +6,7 @@
 
 #include "cli_args.h"
 #include "commands.h"
+#include "flamia/flamia.h"
 
 namespace {
 
@@ -18,7 +19,7 @@ constexpr const char* kUsage =
     "  probe      isolation probe: do outputs move when inputs they must not depend on change?\n"
     "  numerics   accuracy of the MXFP8 route against an FP64 reference (DESIGN.md section 4)\n"
     "\n"
-    "Run 'flamia <command> --help' for a command's options.\n";
+    "Run 'flamia <command> --help' for a command's options; 'flamia --version' for the version.\n";
 
 }  // namespace
 
@@ -26,6 +27,10 @@ int main(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version")) {
+    std::printf("flamia %s (C API ABI %d)\n", flamia_version(), flamia_abi_version());
+    return 0;
   }
   const char* command = argv[1];
   try {

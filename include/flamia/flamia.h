@@ -18,6 +18,16 @@
 extern "C" {
 #endif
 
+/* The binary interface of this header: it changes whenever a struct's layout, an enum's values or a
+ * function's signature below changes, so that a binding that mirrors the structs (the Python
+ * package's ctypes layer checks it when it loads the library) refuses a library built from other
+ * headers instead of handing it structs it would misread. */
+#define FLAMIA_ABI_VERSION 1
+/* FLAMIA_ABI_VERSION as the library was built. */
+int flamia_abi_version(void);
+/* The library's version, "major.minor.patch". */
+const char* flamia_version(void);
+
 typedef enum flamia_status {
   FLAMIA_SUCCESS = 0,
   FLAMIA_ERROR_INVALID_ARGUMENT = 1, /* shape, dtype, stride, alignment, cu_seqlens, options */

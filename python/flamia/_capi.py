@@ -23,6 +23,8 @@ __all__ = [
     "Error",
     "library",
     "library_path",
+    "library_version",
+    "ABI_VERSION",
     "default_options",
     "status_name",
     "tensor",
@@ -46,6 +48,9 @@ __all__ = [
 
 LIBRARY_NAME = "libflamia_capi.so"
 ENV_LIBRARY = "FLAMIA_CAPI_LIB"
+# FLAMIA_ABI_VERSION of the header these bindings mirror (include/flamia/flamia.h): a library built
+# from another is refused when it loads, rather than handed structs it would misread.
+ABI_VERSION = 1
 
 # enum flamia_status
 SUCCESS = 0
@@ -174,6 +179,25 @@ def library_path():
     return candidates[0]
 
 
+def _check_abi(lib, path):
+    """Refuse a library whose binary interface is not the one these bindings mirror."""
+    try:
+        abi = lib.flamia_abi_version
+    except AttributeError:
+        raise RuntimeError(
+            f"flamia: the C API library at {path} has no flamia_abi_version: it was built before the ABI "
+            f"check (these bindings need ABI {ABI_VERSION}); rebuild it (cmake target flamia_capi) or "
+            f"reinstall the package") from None
+    abi.argtypes, abi.restype = [], ctypes.c_int
+    found = abi()
+    if found != ABI_VERSION:
+        raise RuntimeError(
+            f"flamia: the C API library at {path} has ABI {found}, these bindings need ABI {ABI_VERSION} "
+            f"(its structs or signatures differ); rebuild it from this source tree (cmake target "
+            f"flamia_capi) or reinstall the package")
+    lib.flamia_version.argtypes, lib.flamia_version.restype = [], ctypes.c_char_p
+
+
 def _declare(lib):
     ptr = ctypes.POINTER
     lib.flamia_default_options.argtypes = [ptr(Options)]
@@ -248,8 +272,15 @@ def library():
                     f"flamia: the C API library {LIBRARY_NAME} was not found (looked at {where}); install "
                     f"the package (pip install --no-build-isolation --no-deps .) or set {ENV_LIBRARY} to a "
                     f"built {LIBRARY_NAME} (cmake target flamia_capi)")
-            _lib = _declare(ctypes.CDLL(str(path)))
+            lib = ctypes.CDLL(str(path))
+            _check_abi(lib, path)
+            _lib = _declare(lib)
     return _lib
+
+
+def library_version():
+    """The loaded library's version string (flamia_version)."""
+    return library().flamia_version().decode()
 
 
 def check(status, error):

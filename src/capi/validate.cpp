@@ -503,6 +503,12 @@ void flamia_default_options(flamia_options* options) {
   options->p_boost_log2 = defaults.p_boost_log2;
 }
 
+int flamia_abi_version(void) { return FLAMIA_ABI_VERSION; }
+
+// FLAMIA_VERSION_STRING: CMake's project version (CMakeLists.txt), the one place the version is set
+// for the C++ side; tests/python/test_version.py checks the Python package states the same.
+const char* flamia_version(void) { return FLAMIA_VERSION_STRING; }
+
 const char* flamia_status_name(flamia_status status) {
   switch (flamia::capi::raw_enum(status)) {
     case FLAMIA_SUCCESS: return "FLAMIA_SUCCESS";

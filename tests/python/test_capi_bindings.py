@@ -100,3 +100,9 @@ def test_prefix_isolation_sizes_hold_the_interior_codes():
     assert _capi.forward_workspace_size(*shapes(), d, prefix) > _capi.forward_workspace_size(*shapes(), d)
     bwd_saved = _capi.backward_saved_workspace_size
     assert bwd_saved(*shapes(), d, prefix) == bwd_saved(*shapes(), d)  # the codes are saved, not here
+
+
+def test_the_library_has_the_bindings_abi_and_the_packages_version():
+    import flamia
+    assert _capi.library().flamia_abi_version() == _capi.ABI_VERSION
+    assert _capi.library_version() == flamia.__version__

@@ -94,3 +94,10 @@ def test_numerics_default_only_reports_just_the_default_route():
     assert len(rows) == 5
     assert {(r["isolation"], r["geometry"], r["rule"], r["u_scale"]) for r in rows} == {
         ("document", "block32", "ceil", "rowcol")}
+
+
+def test_version_names_the_release_and_the_c_abi():
+    out = run("--version")
+    cmake = (REPO / "CMakeLists.txt").read_text()
+    version = cmake.split("project(flamia VERSION ", 1)[1].split()[0]
+    assert out.returncode == 0 and out.stdout.strip() == f"flamia {version} (C API ABI 1)"
