@@ -40,7 +40,9 @@ SM clock and power-cap state through NVML (bench/gpu_monitor.py; read only, off 
 --no-gpu-readings) and reports them in a table of their own, since the clock a call runs at decides
 several ratios (under the power cap, implementations keep different clocks); with --energy-seconds S
 it also runs each implementation's calls back to back for S seconds after its rounds and reports
-their energy per call. Every baseline runs in its own try/except: one that cannot run records
+their energy per call. --json and --markdown are rewritten after every workload (marked partial
+until the run ends), so a run that dies keeps what it finished. Every baseline runs in its own
+try/except: one that cannot run records
 'unsupported: <reason>' and the run goes on. Each output (forward: o; train: dq) is compared with
 flamia's (cosine), so a baseline computing a different mask shows up.
 
@@ -998,21 +1000,38 @@ def main(argv=None):
                 log(f"bench:   {impl:15s} {r['status']}")
         summarize(row)
         rows.append(row)
+        if len(rows) < len(args.workload_names):
+            write_outputs(args, meta, rows, complete=False)
         del case
         torch.cuda.empty_cache()
 
+    table = write_outputs(args, meta, rows, complete=True)
+    print(table)
+    return 0
+
+
+def write_outputs(args, meta, rows, complete):
+    """Writes --json and --markdown with the rows so far and returns the table. main calls it after
+    every workload (complete=False), so a run that dies partway (session 38: a training-call run's
+    process crashed in its fifth workload) keeps the workloads it finished, and the files say they
+    are partial; then once more at the end."""
+    meta = {**meta, "complete": complete}
     impls = [i for i in IMPLS if i in args.impl_names]
     table = markdown(meta, rows, impls)
-    print(table)
+    if not complete:
+        table += (f"\nPartial: {len(rows)} of {len(args.workload_names)} workloads; the run has not finished "
+                  "(or did not).\n")
     if args.json:
         pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(args.json).write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
-        log(f"bench: wrote {args.json}")
     if args.markdown:
         pathlib.Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(args.markdown).write_text(table)
-        log(f"bench: wrote {args.markdown}")
-    return 0
+    if complete:
+        for path in (args.json, args.markdown):
+            if path:
+                log(f"bench: wrote {path}")
+    return table
 
 
 if __name__ == "__main__":

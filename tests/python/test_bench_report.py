@@ -206,3 +206,20 @@ def test_a_round_times_its_calls_back_to_back_per_call():
 
     ms, out = bench_attention.torch_once(FakeTorch, call, 4)()
     assert (ms, out) == (2.0, "out") and FakeEvent.clock[0] == 8.0
+
+def test_outputs_are_written_after_every_workload_and_say_when_partial(tmp_path):
+    args = bench_attention.parse_args(["--workloads", "16x4096,8x8192", "--json", str(tmp_path / "r.json"),
+                                       "--markdown", str(tmp_path / "r.md")])
+    first = row({"flamia": ok(2.0, 600.0)})
+    bench_attention.summarize(first)
+    bench_attention.write_outputs(args, dict(META), [first], complete=False)
+    import json
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["meta"]["complete"] is False and [r["workload"] for r in doc["results"]] == ["16x4096"]
+    assert "Partial: 1 of 2 workloads" in (tmp_path / "r.md").read_text()
+    second = {**row({"flamia": ok(4.0, 600.0)}), "workload": "8x8192"}
+    bench_attention.summarize(second)
+    table = bench_attention.write_outputs(args, dict(META), [first, second], complete=True)
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["meta"]["complete"] is True and len(doc["results"]) == 2
+    assert "Partial" not in table and (tmp_path / "r.md").read_text() == table
