@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/tiling.h"
 #include "cuda/sm90/accumulator.cuh"
@@ -226,7 +227,11 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
     for (int r = 0; r < 2; ++r) l[r] = fmaf(tile_l[r], lsum_pow[r], l[r]);
   };
 
-  if (split_fold) {
+  // The exponentials, span by span, with the fold factor 2^(ev_j + fold_bias_i) as v_pow_j row_pow_i
+  // (split: std::true_type) or built from the exponents (std::false_type). This shape, the early
+  // return below included, compiles to the SASS of the two loops written out; a lambda per factor or
+  // one call after an if/else rescheduled every instance (sessions 37, 39).
+  auto exponentials = [&](auto split) {
 #pragma unroll
     for (int span = 0; span < kSpans; ++span) {
       if (span >= seen_spans) {
@@ -235,7 +240,10 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
       }
 #pragma unroll
       for (int nb = span * kBlocksPerSpan; nb < (span + 1) * kBlocksPerSpan; ++nb) {
-        const float2 vp = *reinterpret_cast<const float2*>(st.v_pow + nb * 8 + 2 * t);
+        float2 vp;
+        uchar2 vs;
+        if constexpr (split.value) vp = *reinterpret_cast<const float2*>(st.v_pow + nb * 8 + 2 * t);
+        else vs = *reinterpret_cast<const uchar2*>(st.v_scale + nb * 8 + 2 * t);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1;
@@ -243,38 +251,26 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
           const bool visible = x != -INFINITY;
           const float pe = exp2_ftz(x - m[r]);  // NaN where x and m are both -inf: selected away below
           tile_l[r] += visible ? pe : 0.f;
-          x = visible ? pe * (((e & 1) ? vp.y : vp.x) * row_pow[r]) : 0.f;
+          if constexpr (split.value) {
+            x = visible ? pe * (((e & 1) ? vp.y : vp.x) * row_pow[r]) : 0.f;
+          } else {
+            // Built from the exponent where it is a normal float, else pow2i's branches (rare: the
+            // NaN marker of either exponent, or a fold outside the normal range).
+            const int fold_exp = scale_exponent((e & 1) ? vs.y : vs.x) + fold_bias[r];
+            float fold = __uint_as_float(uint32_t(fold_exp + 127) << 23);
+            if (unsigned(fold_exp + 126) > 253u) fold = pow2i(fold_exp);
+            x = visible ? pe * fold : 0.f;
+          }
         }
       }
     }
+  };
+  if (split_fold) {
+    exponentials(std::true_type{});
     add_tile_sum();
     return;
   }
-#pragma unroll
-  for (int span = 0; span < kSpans; ++span) {
-    if (span >= seen_spans) {
-      skip_span(s, span);
-      continue;
-    }
-#pragma unroll
-    for (int nb = span * kBlocksPerSpan; nb < (span + 1) * kBlocksPerSpan; ++nb) {
-      const uchar2 vs = *reinterpret_cast<const uchar2*>(st.v_scale + nb * 8 + 2 * t);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        float& x = s[nb * 4 + e];
-        const bool visible = x != -INFINITY;
-        const float pe = exp2_ftz(x - m[r]);  // NaN where x and m are both -inf: selected away below
-        tile_l[r] += visible ? pe : 0.f;
-        // 2^(ev_j + fold_bias_i), built from the exponent where it is a normal float, else pow2i's
-        // branches (rare: the NaN marker of either exponent, or a fold outside the normal range).
-        const int fold_exp = scale_exponent((e & 1) ? vs.y : vs.x) + fold_bias[r];
-        float fold = __uint_as_float(uint32_t(fold_exp + 127) << 23);
-        if (unsigned(fold_exp + 126) > 253u) fold = pow2i(fold_exp);
-        x = visible ? pe * fold : 0.f;
-      }
-    }
-  }
+  exponentials(std::false_type{});
   add_tile_sum();
 }
 
