@@ -550,15 +550,7 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
 
     // S^T = K . Q^T and E^T = V . dO^T: 64 keys x 64 queries each, D/32 k-steps.
     float s[kQueryTile / 2], e[kQueryTile / 2];
-    turns.begin();
-    wgmma_fence();
-    rows_product<D, kQueryTile, kRowsLayout>(s, k_step, st.q);
-    rows_product<D, kQueryTile, kRowsLayout>(e, v_step, st.g);
-    wgmma_commit();
-    turns.end();
-    wgmma_wait<0>();
-    fence_accumulators(s);
-    fence_accumulators(e);
+    score_products<D, kQueryTile, kRowsLayout>(s, k_step, st.q, e, v_step, st.g, turns);
 
     // P~ into pa (dV's operand), e in place becomes dK's before tau. Interior: every (key, query)
     // pair of the warpgroup visible (queries inside the document and, causal, its last key before

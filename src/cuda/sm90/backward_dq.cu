@@ -377,15 +377,7 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, int
 
     // S = Q . K^T and E = dO . V^T: 64 queries x 128 keys each, D/32 k-steps.
     float s[kKeyTile / 2], e[kKeyTile / 2];
-    turns.begin();
-    wgmma_fence();
-    rows_product<D, kKeyTile, kRowsLayout>(s, q_rows, st.k);
-    rows_product<D, kKeyTile, kRowsLayout>(e, g_rows, st.v);
-    wgmma_commit();
-    turns.end();
-    wgmma_wait<0>();
-    fence_accumulators(s);
-    fence_accumulators(e);
+    score_products<D, kKeyTile, kRowsLayout>(s, q_rows, st.k, e, g_rows, st.v, turns);
 
     // In place: s becomes U 2^ek (dQ's operand before sigma). Interior: every key visible to every
     // row (inside the document and, causal, at or before the CTA's first row; rows past the

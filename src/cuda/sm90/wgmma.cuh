@@ -162,6 +162,22 @@ __device__ __forceinline__ void rows_product(float (&acc)[N / 2], const uint8_t*
     else wgmma_m64n64k32_ss(acc, desc_a, desc_b, ks > 0);
   }
 }
+// The backward's two score products, S = A_s . B_s^T and E = A_e . B_e^T (rows_product), committed
+// as one group in the consumer's turn (Turns: tma.cuh's ConsumerTurns) and waited for.
+template <int D, int N, SmemLayout L, class Turns>
+__device__ __forceinline__ void score_products(float (&s)[N / 2], const uint8_t* s_a, const uint8_t* s_b,
+                                               float (&e)[N / 2], const uint8_t* e_a, const uint8_t* e_b,
+                                               const Turns& turns) {
+  turns.begin();
+  wgmma_fence();
+  rows_product<D, N, L>(s, s_a, s_b);
+  rows_product<D, N, L>(e, e_a, e_b);
+  wgmma_commit();
+  turns.end();
+  wgmma_wait<0>();
+  fence_accumulators(s);
+  fence_accumulators(e);
+}
 template <int N, int kTokens, SmemLayout L>
 __device__ __forceinline__ void register_product(float (&acc)[N / 2], const uint32_t (&a)[kTokens / 32][4],
                                                  const uint8_t* bt) {
