@@ -393,6 +393,239 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   }
 }
 
+#ifdef FLAMIA_PROBE_STEP_KEYS
+// TIMING PROBES of session 39 (kept in history, reverted; docs/KERNELS.md, session 39): the long-row
+// instance's consumers (turns, per-token codes) without the intra-warpgroup overlap, each step S
+// (wait), softmax, pack, P.V (wait), in turns. Build with CMAKE_CUDA_FLAGS:
+//   -DFLAMIA_PROBE_STEP_KEYS=128   P128: one 128-key stage per step (O bitwise main's);
+//   -DFLAMIA_PROBE_STEP_KEYS=256   P256: after the diagonal tile, two stages per step: S as two
+//                                  m64n128 products, one softmax, running max and P~ per 256 keys;
+//   ... -DFLAMIA_PROBE_OVERLAP     P256O: P256 with S of pair j issued with P.V of pair j - 1
+//                                  (S 128 + P~ 32 + O 64 registers: spills 292 bytes at 232);
+//   -DFLAMIA_PROBE_PRODUCER_REGS=24 -DFLAMIA_PROBE_CONSUMER_REGS=240   the other register split.
+// Outputs are not the emulation's where a step spans two stages.
+template <int D>
+__device__ __forceinline__ void pair_softmax_grouped(float (&s0)[kKeyTile / 2], float (&s1)[kKeyTile / 2],
+                                                     const KeyTileStage<D>& a, const KeyTileStage<D>& b,
+                                                     const float (&q_factor)[2], const float (&lsum_exp)[2],
+                                                     float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+  constexpr int kGroups = kTileGroups, kBlocksPerGroup = kKeyBlocks / kGroups;
+  float group_max[2][2 * kGroups];
+  for (int r = 0; r < 2; ++r)
+    for (int g = 0; g < 2 * kGroups; ++g) group_max[r][g] = -INFINITY;
+#pragma unroll
+  for (int nb = 0; nb < kKeyBlocks; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float& g0 = group_max[e >> 1][nb / kBlocksPerGroup];
+      g0 = fmaxf(g0, s0[nb * 4 + e]);
+      float& g1 = group_max[e >> 1][kGroups + nb / kBlocksPerGroup];
+      g1 = fmaxf(g1, s1[nb * 4 + e]);
+    }
+  float k_col[2 * kGroups];
+  float2 fold[2 * kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    k_col[g] = a.k_col[g * tiling::kScaleBlock];
+    fold[g] = a.group_fold[g];
+    k_col[kGroups + g] = b.k_col[g * tiling::kScaleBlock];
+    fold[kGroups + g] = b.group_fold[g];
+  }
+  float tile_max[2], bias[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float x[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      x[k] = fmaxf(group_max[r][2 * k] * k_col[2 * k], group_max[r][2 * k + 1] * k_col[2 * k + 1]);
+    tile_max[r] = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2)) * q_factor[r];
+  }
+  update_running_max(tile_max, m, l, alpha);
+  for (int r = 0; r < 2; ++r) bias[r] = lsum_exp[r] - (m[r] == -INFINITY ? 0.f : m[r]);
+  float part_sum[2][2 * kGroups] = {};
+  auto exps = [&](float (&s)[kKeyTile / 2], int g0) {
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      const float exponent_factor[2] = {k_col[g0 + g] * q_factor[0], k_col[g0 + g] * q_factor[1]};
+      const float addend[2] = {bias[0] + fold[g0 + g].x, bias[1] + fold[g0 + g].x};
+#pragma unroll
+      for (int nb = g * kBlocksPerGroup; nb < (g + 1) * kBlocksPerGroup; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          float& x = s[nb * 4 + e];
+          x = exp2_ftz(fmaf(x, exponent_factor[r], addend[r]));
+          part_sum[r][g0 + g] += x;
+        }
+    }
+  };
+  exps(s0, 0);
+  exps(s1, kGroups);
+  for (int r = 0; r < 2; ++r) {
+    float sum = 0.f;
+#pragma unroll
+    for (int g = 0; g < 2 * kGroups; ++g) sum = fmaf(part_sum[r][g], fold[g].y, sum);
+    l[r] += sum;
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void consume_items_probe(const ForwardArgs& args, SharedTiles<D>& sm) {
+  const ForwardParams& p = args.p;
+  const ConsumerThread me = consumer_thread();
+  const int lane = me.lane;
+  constexpr SmemLayout kRowsLayout = kSwizzleFor<D>, kVtLayout = kSwizzleFor<kKeyTile>;
+  float o_acc[D / 2];
+  float m[2], l[2];
+  float s0[kKeyTile / 2], s1[kKeyTile / 2];
+  uint32_t pa0[kKeyTile / 32][4], pa1[kKeyTile / 32][4];
+  const timeline::StepClock idle_clock{};
+  auto stage = [&](int use) -> const KeyTileStage<D>& { return sm.stage[sm.ring.stage(use)]; };
+  const ConsumerTurns<true> turns{me.consumer};
+  turns.open();
+  int key_uses = 0;  // the ring use of the item's tile 0 (the ring runs on across items)
+  for (int n = 0;; ++n) {
+    sm.q_ring.wait_full(n);
+    const int buf = sm.q_ring.stage(n);
+    const CtaWork w = sm.info[buf].work;
+    if (w.tiles == 0) break;
+    // key_uses: the ring use of this item's tile 0 (the consumers count every item's tiles).
+    const ItemRows it = item_rows(w, sm.info[buf], key_uses, buf);
+    const uint8_t* q = sm.q[it.q_buffer] + me.consumer * kWarpgroupRows * D;
+    zero(o_acc);
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+    float alpha[2];
+    // One stage alone: S, softmax (masked or interior), pack, P.V, release.
+    auto single = [&](int i) {
+      const int use = it.key_uses + i;
+      sm.ring.wait_full(use);
+      turns.begin();
+      wgmma_fence();
+      rows_product<D, kKeyTile, kRowsLayout>(s0, q, stage(use).k);
+      wgmma_commit();
+      turns.end();
+      wgmma_wait<0>();
+      tile_softmax<D, false, true>(p, it, stage(use), i, s0, m, l, alpha, idle_clock);
+      if (i > 0) rescale_output(o_acc, alpha);
+      pack_a_operand<kKeyTile>(s0, pa0);
+      turns.begin();
+      wgmma_fence();
+      register_product<D, kKeyTile, kVtLayout>(o_acc, pa0, stage(use).vt);
+      wgmma_commit();
+      turns.end();
+      wgmma_wait<0>();
+      fence_accumulators(o_acc);
+      if (lane == 0) sm.ring.arrive_empty(use);
+    };
+    auto pair = [&](int i) {
+      const int ua = it.key_uses + i, ub = ua + 1;
+      sm.ring.wait_full(ua);
+      sm.ring.wait_full(ub);
+      turns.begin();
+      wgmma_fence();
+      rows_product<D, kKeyTile, kRowsLayout>(s0, q, stage(ua).k);
+      rows_product<D, kKeyTile, kRowsLayout>(s1, q, stage(ub).k);
+      wgmma_commit();
+      turns.end();
+      wgmma_wait<0>();
+      fence_accumulators(s0);
+      fence_accumulators(s1);
+      pair_softmax_grouped<D>(s0, s1, stage(ua), stage(ub), it.q_factor, it.lsum_exp, m, l, alpha);
+      rescale_output(o_acc, alpha);
+      pack_a_operand<kKeyTile>(s0, pa0);
+      pack_a_operand<kKeyTile>(s1, pa1);
+      turns.begin();
+      wgmma_fence();
+      register_product<D, kKeyTile, kVtLayout>(o_acc, pa0, stage(ua).vt);
+      register_product<D, kKeyTile, kVtLayout>(o_acc, pa1, stage(ub).vt);
+      wgmma_commit();
+      turns.end();
+      wgmma_wait<0>();
+      fence_accumulators(o_acc);
+      if (lane == 0) {
+        sm.ring.arrive_empty(ua);
+        sm.ring.arrive_empty(ub);
+      }
+    };
+    single(0);
+    int i = 1;
+#ifdef FLAMIA_PROBE_OVERLAP
+    // Pair steps with the intra-warpgroup overlap: S of pair j issued with P.V of pair j - 1.
+    if (i + 1 < w.tiles) {
+      const int ua = it.key_uses + i, ub = ua + 1;
+      sm.ring.wait_full(ua);
+      sm.ring.wait_full(ub);
+      turns.begin();
+      wgmma_fence();
+      rows_product<D, kKeyTile, kRowsLayout>(s0, q, stage(ua).k);
+      rows_product<D, kKeyTile, kRowsLayout>(s1, q, stage(ub).k);
+      wgmma_commit();
+      turns.end();
+      wgmma_wait<0>();
+      fence_accumulators(s0);
+      fence_accumulators(s1);
+      pair_softmax_grouped<D>(s0, s1, stage(ua), stage(ub), it.q_factor, it.lsum_exp, m, l, alpha);
+      rescale_output(o_acc, alpha);
+      pack_a_operand<kKeyTile>(s0, pa0);
+      pack_a_operand<kKeyTile>(s1, pa1);
+      i += 2;
+      for (; i + 1 < w.tiles; i += 2) {
+        const int va = it.key_uses + i, vb = va + 1, pa_use = va - 2;
+        sm.ring.wait_full(va);
+        sm.ring.wait_full(vb);
+        turns.begin();
+        wgmma_fence();
+        rows_product<D, kKeyTile, kRowsLayout>(s0, q, stage(va).k);
+        rows_product<D, kKeyTile, kRowsLayout>(s1, q, stage(vb).k);
+        wgmma_commit();
+        register_product<D, kKeyTile, kVtLayout>(o_acc, pa0, stage(pa_use).vt);
+        register_product<D, kKeyTile, kVtLayout>(o_acc, pa1, stage(pa_use + 1).vt);
+        wgmma_commit();
+        turns.end();
+        wgmma_wait<1>();
+        fence_accumulators(s0);
+        fence_accumulators(s1);
+        pair_softmax_grouped<D>(s0, s1, stage(va), stage(vb), it.q_factor, it.lsum_exp, m, l, alpha);
+        wgmma_wait<0>();
+        fence_accumulators(o_acc);
+        if (lane == 0) {
+          sm.ring.arrive_empty(pa_use);
+          sm.ring.arrive_empty(pa_use + 1);
+        }
+        rescale_output(o_acc, alpha);
+        pack_a_operand<kKeyTile>(s0, pa0);
+        pack_a_operand<kKeyTile>(s1, pa1);
+      }
+      const int pa_use = it.key_uses + i - 2;  // the last pair's P.V alone
+      turns.begin();
+      wgmma_fence();
+      register_product<D, kKeyTile, kVtLayout>(o_acc, pa0, stage(pa_use).vt);
+      register_product<D, kKeyTile, kVtLayout>(o_acc, pa1, stage(pa_use + 1).vt);
+      wgmma_commit();
+      turns.end();
+      wgmma_wait<0>();
+      fence_accumulators(o_acc);
+      if (lane == 0) {
+        sm.ring.arrive_empty(pa_use);
+        sm.ring.arrive_empty(pa_use + 1);
+      }
+    }
+#else
+    if constexpr (FLAMIA_PROBE_STEP_KEYS == 256)
+      for (; i + 1 < w.tiles; i += 2) pair(i);
+#endif
+    for (; i < w.tiles; ++i) single(i);
+    if (lane == 0) sm.q_ring.arrive_empty(n);
+    store_item_output(p, it, o_acc, m, l);
+    key_uses += w.tiles;
+  }
+  turns.close();
+}
+#endif
+
 template <int D, bool kTurns, bool kInteriorCodes>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ ForwardArgs args) {
   // The skeleton of tma.cuh's aligned_shared_storage and run_roles, written out: through those
@@ -412,6 +645,12 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     if (threadIdx.x < 32 * kProducerWarps) produce<D, kInteriorCodes>(args, sm);
   } else {
     claim_registers<kConsumerRegisters>();
+#ifdef FLAMIA_PROBE_STEP_KEYS
+    if constexpr (kTurns && !kInteriorCodes) {
+      consume_items_probe<D>(args, sm);
+      return;
+    }
+#endif
     consume_items<D, kTurns, kInteriorCodes>(args, sm);
   }
 }
