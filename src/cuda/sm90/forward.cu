@@ -272,8 +272,6 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   // tiny-unaligned -2.9%; but the instance with turns and per-token codes (the default's on long
   // documents) +1.2% at 16x4096, +2.6% at 8x8192, +4.2% at 4x16384, so its loop keeps the branch.
   constexpr bool kLeanSteps = !kTurns || kInteriorCodes;
-  // kOverlapItems: consecutive items overlap (item n's last P.V with n+1's S_0 and first softmax).
-  constexpr bool kOverlapItems = !kTurns || kInteriorCodes;
   constexpr SmemLayout kRowsLayout = kSwizzleFor<D>, kVtLayout = kSwizzleFor<kKeyTile>;
   float o_acc[D / 2];             // the m64nD accumulator: [n8 block][4] flattened
   float m[2], l[2];               // running max and sum of the item's rows
@@ -314,21 +312,19 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   // between issue and wait), or the compiler serializes the products.
   const ConsumerTurns<kTurns> turns{me.consumer};
   turns.open();
-  // An item's step 0 alone (S_0, its softmax and packing; O is still 0): the CTA's first item's, and
-  // every item's where consecutive items do not overlap.
-  auto first_step_alone = [&](const ItemRows& item) {
-    sm.ring.wait_full(item.key_uses);
+  {  // the first item's step 0: S_0 alone
+    sm.ring.wait_full(it.key_uses);
     turns.begin();
     wgmma_fence();
-    issue_s(item, 0);
+    issue_s(it, 0);
     turns.end();
     wgmma_wait<0>();
     start_item();
     float alpha[2];
-    tile_softmax<D, kInteriorCodes, kLeanSteps>(p, item, stage(item.key_uses), 0, s, m, l, alpha, idle_clock);
+    tile_softmax<D, kInteriorCodes, kLeanSteps>(p, it, stage(it.key_uses), 0, s, m, l, alpha,
+                                                idle_clock);  // O is still 0
     pack_a_operand<kKeyTile>(s, pa);
-  };
-  first_step_alone(it);
+  }
   for (int n = 0;; ++n) {
     for (int i = 1; i < it.w.tiles; ++i) {
       clock.at_step(it.key_uses + i);
@@ -363,23 +359,6 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
     clock.at_step(it.key_uses + it.w.tiles);
     clock.stamp(timeline::kStepStart);
     ItemRows next;
-    if constexpr (!kOverlapItems) {  // this item's last P.V alone, its output, then the next item's start
-      turns.begin();
-      wgmma_fence();
-      issue_pv(it, last);
-      turns.end();
-      wgmma_wait<0>();
-      fence_accumulators(o_acc);
-      if (lane == 0) sm.ring.arrive_empty(it.key_uses + last);
-      store_item_output(p, it, o_acc, m, l);
-      if (!published(n + 1, it.key_uses + it.w.tiles, next)) {
-        turns.close();
-        return;
-      }
-      it = next;
-      first_step_alone(it);
-      continue;
-    }
     if (!published(n + 1, it.key_uses + it.w.tiles, next)) {  // the last item: its P.V alone
       turns.begin();
       wgmma_fence();
