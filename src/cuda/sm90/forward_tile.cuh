@@ -206,11 +206,7 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
     const int seen = __reduce_max_sync(0xffffffffu, max(key_limit[0], key_limit[1]) + 2 * t);
     seen_spans = seen <= 0 ? 0 : min((seen + kSpanKeys - 1) / kSpanKeys, kSpans);
   }
-  // Four partial maxima per row, as interior_tile takes them (max.NaN is exact in any order), so that
-  // no chain of dependent instructions runs through all 32 of a row's elements.
-  float part_max[2][4];
-  for (int r = 0; r < 2; ++r)
-    for (int k = 0; k < 4; ++k) part_max[r][k] = -INFINITY;
+  float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int nb = 0; nb < kKeyBlocks; ++nb) {
     const float2 kc = *reinterpret_cast<const float2*>(st.k_col + nb * 8 + 2 * t);  // keys 2t, 2t + 1
@@ -219,13 +215,10 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
       const int r = e >> 1;
       float& x = s[nb * 4 + e];
       x = nb * 8 + (e & 1) < key_limit[r] ? x * q_factor[r] * ((e & 1) ? kc.y : kc.x) : -INFINITY;
-      float& pm = part_max[r][(nb & 1) * 2 + (e & 1)];
-      pm = nan_max(pm, x);
+      tile_max[r] = nan_max(tile_max[r], x);
     }
   }
-  float tile_max[2];
-  for (int r = 0; r < 2; ++r)
-    tile_max[r] = quad_nan_max(nan_max(nan_max(part_max[r][0], part_max[r][1]), nan_max(part_max[r][2], part_max[r][3])));
+  for (int r = 0; r < 2; ++r) tile_max[r] = quad_nan_max(tile_max[r]);
   update_running_max(tile_max, m, l, alpha);
   clock.stamp(timeline::kMaxUpdated);
   // The tile's sum of unrounded p, added to l in l's units (lsum_pow: see GroupFold) at the end.
