@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""SM cycles per call of each implementation's kernels, side by side at one locked clock: Nsight
+Compute (`ncu --clock-control base`, each kernel alone) on the benchmark's calls, so that two
+implementations compare by their kernels' cycles, without the clock each keeps under the power cap
+(which moves the protocol's time ratios, docs/RESULTS.md "Clock and energy").
+
+  python3 bench/kernel_cycles.py run [--workloads 4x16384,tiny-unaligned] [--impls flamia,jax-cudnn-fp8]
+                                     [--out DIR]
+      one ncu process per (workload, implementation) over bench/bench_attention.py's forward (one
+      warm-up and one timed call, no accuracy check), its CSV kept in DIR; then the table below.
+  python3 bench/kernel_cycles.py parse CSV [CSV ...]
+      the table of CSVs that `run` wrote (or any ncu --csv log with sm__cycles_elapsed.max of one
+      implementation's calls).
+
+Table: per CSV, the call's kernels grouped into families (flamia: quantize, V fold reference, work
+order, forward kernel; cuDNN: its attention kernel and its setup kernel; XLA: JAX's own small
+kernels), in thousands of SM cycles per call, and their sum. A call is counted by its attention
+kernel's launches; the benchmark's set-up kernels (torch's random inputs and copies, the BF16 to
+FP8 conversion of cuDNN FP8's inputs, which the protocol leaves outside the timed call) are left out.
+Caveat: at the base clock a memory- or latency-bound kernel takes fewer cycles than at the clock it
+runs at in the protocol, so the short rows' cycle ratios are not their time ratios.
+"""
+import argparse
+import csv
+import io
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+
+CYCLES = "sm__cycles_elapsed.max"
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# (substring of the kernel name, family); the first match wins. None: set-up, not part of a call.
+FAMILIES = (
+    ("at::", None),            # torch: random inputs, copies, norms of the benchmark's set-up
+    ("dot_kernel", None),      # cuBLAS, torch's set-up
+    ("reduce_1Block", None),
+    ("convert", None),         # JAX's BF16 -> FP8 conversion of cuDNN FP8's inputs (outside the timed call)
+    ("quantize_mxfp8", "quantize"),
+    ("prefix_max_scales", "V fold reference"),
+    ("build_work_order", "work order"),
+    ("forward_kernel", "forward kernel"),
+    ("sdpa", "cuDNN attention"),
+    ("qkv_tma_setup", "cuDNN setup"),
+)
+ATTENTION = ("forward kernel", "cuDNN attention")  # one launch per call
+
+
+def family(name):
+    for key, fam in FAMILIES:
+        if key in name:
+            return fam
+    return "XLA" if "::" not in name and not name.startswith("void") else "other"
+
+
+def launches(text):
+    """[(kernel name, SM cycles)] in launch order from an ncu --csv log (its '==PROF==' lines skipped)."""
+    rows = csv.DictReader(io.StringIO("".join(line for line in text.splitlines(True) if not line.startswith("=="))))
+    out = {}
+    for r in rows:
+        if r.get("Metric Name") == CYCLES:
+            out[int(r["ID"])] = (r["Kernel Name"], float(r["Metric Value"].replace(",", "")))
+    return [out[i] for i in sorted(out)]
+
+
+def per_call(kernels):
+    """({family: cycles per call}, calls): each family's cycles summed over the calls' launches and
+    divided by the calls (the attention kernel's launches); set-up kernels left out."""
+    sums, calls = {}, 0
+    for name, cycles in kernels:
+        fam = family(name)
+        if fam is None:
+            continue
+        calls += fam in ATTENTION
+        sums[fam] = sums.get(fam, 0.0) + cycles
+    if calls == 0:
+        raise ValueError("no attention kernel (flamia's forward_kernel or cuDNN's sdpa) in the log")
+    return {fam: total / calls for fam, total in sums.items()}, calls
+
+
+def table(results):
+    """results: [(label, {family: cycles per call}, calls)] -> markdown rows in thousands of cycles."""
+    order = [f for _, f in FAMILIES if f] + ["XLA", "other"]
+    seen = [f for f in order if any(f in fams for _, fams, _ in results)]
+    lines = ["| call | calls | " + " | ".join(seen) + " | sum |", "|---|---|" + "---|" * (len(seen) + 1)]
+    for label, fams, calls in results:
+        cells = [f"{fams[f] / 1e3:,.1f}" if f in fams else "-" for f in seen]
+        lines.append(f"| {label} | {calls} | " + " | ".join(cells) + f" | {sum(fams.values()) / 1e3:,.1f} |")
+    return "\n".join(lines)
+
+
+def parse(paths):
+    results, skipped = [], []
+    for path in paths:
+        try:
+            fams, calls = per_call(launches(pathlib.Path(path).read_text()))
+        except ValueError as e:  # e.g. an implementation that does not support the workload
+            skipped.append(f"- {pathlib.Path(path).stem}: {e}")
+            continue
+        results.append((pathlib.Path(path).stem, fams, calls))
+    return "\n".join([table(results)] + skipped) if results else "\n".join(skipped)
+
+
+def run(args):
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for workload in args.workloads.split(","):
+        for impl in args.impls.split(","):
+            path = out / f"{workload}__{impl}.csv".replace("/", "-")
+            print(f"kernel_cycles: {workload} / {impl} under ncu ...", file=sys.stderr, flush=True)
+            cmd = ["ncu", "--target-processes", "all", "--clock-control", "base", "--metrics",
+                   f"gpu__time_duration.sum,{CYCLES}", "--csv", "--log-file", str(path),
+                   sys.executable, str(REPO / "bench" / "bench_attention.py"), "--pass", "forward",
+                   "--impls", impl, "--workloads", workload, "--rounds", "1", "--warmup", "1",
+                   "--calls-per-round", "1", "--no-gpu-readings", "--no-check"]
+            done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit(f"kernel_cycles: ncu failed for {workload} / {impl}:\n{done.stderr[-2000:]}")
+            paths.append(path)
+    return parse(paths)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="mode", required=True)
+    r = sub.add_parser("run", help="profile the benchmark's calls under ncu, then print the table")
+    r.add_argument("--workloads", default="4x16384,tiny-unaligned,8192+224x256")
+    r.add_argument("--impls", default="flamia,jax-cudnn-fp8,jax-cudnn-bf16")
+    r.add_argument("--out", default=os.environ.get("OUT", "kernel-cycles"))
+    q = sub.add_parser("parse", help="the table of existing ncu CSV logs")
+    q.add_argument("csv", nargs="+")
+    args = p.parse_args(argv)
+    print(run(args) if args.mode == "run" else parse(args.csv))
+
+
+if __name__ == "__main__":
+    main()

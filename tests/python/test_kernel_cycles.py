@@ -1,0 +1,61 @@
+"""bench/kernel_cycles.py's reading of Nsight Compute CSV logs, on synthetic logs: no GPU needed."""
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+import kernel_cycles as K  # noqa: E402
+
+HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
+          '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n')
+
+
+def log(kernels):
+    """An ncu --csv log of (name, cycles) launches in order, each with a duration row too."""
+    lines = ["==PROF== Connected to process 1 (python3)\n", HEADER]
+    for i, (name, cycles) in enumerate(kernels):
+        for metric, unit, value in (("gpu__time_duration.sum", "ns", "1,000"), (K.CYCLES, "cycle", f"{cycles:,}")):
+            lines.append(f'"{i}","1","python3","h","{name}","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0",'
+                         f'"Command line profiler metrics","{metric}","{unit}","{value}"\n')
+    return "".join(lines)
+
+
+FLAMIA_CALL = [("void flamia::quantize_mxfp8_kernel<1, 2, 0>(...)", 100_000),
+               ("void flamia::quantize_mxfp8_kernel<1, 2, 0>(...)", 100_000),
+               ("void flamia::quantize_mxfp8_kernel<1, 2, 0>(...)", 130_000),
+               ("flamia::prefix_max_scales_kernel(...)", 20_000),
+               ("flamia::build_work_order_kernel(flamia::BuildArgs)", 8_000),
+               ("void sm90::forward_kernel<128, 1, 0>(sm90::ForwardArgs)", 9_000_000)]
+
+
+def test_a_call_is_its_kernels_per_attention_launch_without_the_set_up():
+    setup = [("void at::distribution_elementwise_grid_stride_kernel<float, 4>(...)", 600_000),
+             ("void dot_kernel<float, 128, 0>(...)", 350_000)]
+    fams, calls = K.per_call(K.launches(log(setup + FLAMIA_CALL + FLAMIA_CALL)))
+    assert calls == 2
+    assert fams == {"quantize": 330_000, "V fold reference": 20_000, "work order": 8_000, "forward kernel": 9_000_000}
+
+
+def test_jax_calls_count_their_small_kernels_and_not_the_fp8_conversion():
+    call = [("loop_select_fusion", 4_000), ("input_scatter_fusion", 3_000),
+            ("cudnn::qkv_tma_setup(unsigned int)", 6_000),
+            ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128", 760_000)]
+    fams, calls = K.per_call(K.launches(log([("wrapped_convert", 165_000)] + call * 3)))
+    assert calls == 3
+    assert fams == {"XLA": 7_000, "cuDNN setup": 6_000, "cuDNN attention": 760_000}
+
+
+def test_the_table_lists_the_families_seen_in_thousands(tmp_path):
+    (tmp_path / "4x16384__flamia.csv").write_text(log(FLAMIA_CALL))
+    (tmp_path / "tiny__jax-cudnn-fp8.csv").write_text(log([("void at::copy_kernel(...)", 1_000)]))
+    text = K.parse([tmp_path / "4x16384__flamia.csv", tmp_path / "tiny__jax-cudnn-fp8.csv"])
+    lines = text.splitlines()
+    assert lines[0] == "| call | calls | quantize | V fold reference | work order | forward kernel | sum |"
+    assert lines[2] == "| 4x16384__flamia | 1 | 330.0 | 20.0 | 8.0 | 9,000.0 | 9,358.0 |"
+    assert lines[3].startswith("- tiny__jax-cudnn-fp8: no attention kernel")
+
+
+def test_a_log_without_an_attention_kernel_is_refused():
+    with pytest.raises(ValueError, match="no attention kernel"):
+        K.per_call(K.launches(log(FLAMIA_CALL[:3])))
