@@ -393,6 +393,377 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   }
 }
 
+#ifdef FLAMIA_PROBE_STEP_KEYS
+// TIMING PROBES of session 39 (kept in history, reverted; docs/KERNELS.md, session 39): the long-row
+// instance's consumers (turns, per-token codes) without the intra-warpgroup overlap, each step S
+// (wait), softmax, pack, P.V (wait), in turns. Build with CMAKE_CUDA_FLAGS:
+//   -DFLAMIA_PROBE_STEP_KEYS=128   P128: one 128-key stage per step (O bitwise main's);
+//   -DFLAMIA_PROBE_STEP_KEYS=256   P256: after the diagonal tile, two stages per step: S as two
+//                                  m64n128 products, one softmax, running max and P~ per 256 keys;
+//   ... -DFLAMIA_PROBE_OVERLAP     P256O: P256 with S of pair j issued with P.V of pair j - 1
+//                                  (S 128 + P~ 32 + O 64 registers: spills 292 bytes at 232);
+//   -DFLAMIA_PROBE_STEP_KEYS=192 -DFLAMIA_PROBE_OVERLAP   P192O: 192-key steps with the overlap,
+//                                  over stage triples (below); no spills at 232 (not yet run);
+//   -DFLAMIA_PROBE_PRODUCER_REGS=24 -DFLAMIA_PROBE_CONSUMER_REGS=240   the other register split.
+// Outputs are not the emulation's where a step spans two stages.
+template <int D>
+__device__ __forceinline__ void pair_softmax_grouped(float (&s0)[kKeyTile / 2], float (&s1)[kKeyTile / 2],
+                                                     const KeyTileStage<D>& a, const KeyTileStage<D>& b,
+                                                     const float (&q_factor)[2], const float (&lsum_exp)[2],
+                                                     float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+  constexpr int kGroups = kTileGroups, kBlocksPerGroup = kKeyBlocks / kGroups;
+  float group_max[2][2 * kGroups];
+  for (int r = 0; r < 2; ++r)
+    for (int g = 0; g < 2 * kGroups; ++g) group_max[r][g] = -INFINITY;
+#pragma unroll
+  for (int nb = 0; nb < kKeyBlocks; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float& g0 = group_max[e >> 1][nb / kBlocksPerGroup];
+      g0 = fmaxf(g0, s0[nb * 4 + e]);
+      float& g1 = group_max[e >> 1][kGroups + nb / kBlocksPerGroup];
+      g1 = fmaxf(g1, s1[nb * 4 + e]);
+    }
+  float k_col[2 * kGroups];
+  float2 fold[2 * kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    k_col[g] = a.k_col[g * tiling::kScaleBlock];
+    fold[g] = a.group_fold[g];
+    k_col[kGroups + g] = b.k_col[g * tiling::kScaleBlock];
+    fold[kGroups + g] = b.group_fold[g];
+  }
+  float tile_max[2], bias[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float x[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      x[k] = fmaxf(group_max[r][2 * k] * k_col[2 * k], group_max[r][2 * k + 1] * k_col[2 * k + 1]);
+    tile_max[r] = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2)) * q_factor[r];
+  }
+  update_running_max(tile_max, m, l, alpha);
+  for (int r = 0; r < 2; ++r) bias[r] = lsum_exp[r] - (m[r] == -INFINITY ? 0.f : m[r]);
+  float part_sum[2][2 * kGroups] = {};
+  auto exps = [&](float (&s)[kKeyTile / 2], int g0) {
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      const float exponent_factor[2] = {k_col[g0 + g] * q_factor[0], k_col[g0 + g] * q_factor[1]};
+      const float addend[2] = {bias[0] + fold[g0 + g].x, bias[1] + fold[g0 + g].x};
+#pragma unroll
+      for (int nb = g * kBlocksPerGroup; nb < (g + 1) * kBlocksPerGroup; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          float& x = s[nb * 4 + e];
+          x = exp2_ftz(fmaf(x, exponent_factor[r], addend[r]));
+          part_sum[r][g0 + g] += x;
+        }
+    }
+  };
+  exps(s0, 0);
+  exps(s1, kGroups);
+  for (int r = 0; r < 2; ++r) {
+    float sum = 0.f;
+#pragma unroll
+    for (int g = 0; g < 2 * kGroups; ++g) sum = fmaf(part_sum[r][g], fold[g].y, sum);
+    l[r] += sum;
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void consume_items_probe(const ForwardArgs& args, SharedTiles<D>& sm) {
+  const ForwardParams& p = args.p;
+  const ConsumerThread me = consumer_thread();
+  const int lane = me.lane;
+  constexpr SmemLayout kRowsLayout = kSwizzleFor<D>, kVtLayout = kSwizzleFor<kKeyTile>;
+  float o_acc[D / 2];
+  float m[2], l[2];
+  float s0[kKeyTile / 2], s1[kKeyTile / 2];
+  uint32_t pa0[kKeyTile / 32][4], pa1[kKeyTile / 32][4];
+  const timeline::StepClock idle_clock{};
+  auto stage = [&](int use) -> const KeyTileStage<D>& { return sm.stage[sm.ring.stage(use)]; };
+  const ConsumerTurns<true> turns{me.consumer};
+  turns.open();
+  int key_uses = 0;  // the ring use of the item's tile 0 (the ring runs on across items)
+  for (int n = 0;; ++n) {
+    sm.q_ring.wait_full(n);
+    const int buf = sm.q_ring.stage(n);
+    const CtaWork w = sm.info[buf].work;
+    if (w.tiles == 0) break;
+    // key_uses: the ring use of this item's tile 0 (the consumers count every item's tiles).
+    const ItemRows it = item_rows(w, sm.info[buf], key_uses, buf);
+    const uint8_t* q = sm.q[it.q_buffer] + me.consumer * kWarpgroupRows * D;
+    zero(o_acc);
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+    float alpha[2];
+    // One stage alone: S, softmax (masked or interior), pack, P.V, release.
+    auto single = [&](int i) {
+      const int use = it.key_uses + i;
+      sm.ring.wait_full(use);
+      turns.begin();
+      wgmma_fence();
+      rows_product<D, kKeyTile, kRowsLayout>(s0, q, stage(use).k);
+      wgmma_commit();
+      turns.end();
+      wgmma_wait<0>();
+      tile_softmax<D, false, true>(p, it, stage(use), i, s0, m, l, alpha, idle_clock);
+      if (i > 0) rescale_output(o_acc, alpha);
+      pack_a_operand<kKeyTile>(s0, pa0);
+      turns.begin();
+      wgmma_fence();
+      register_product<D, kKeyTile, kVtLayout>(o_acc, pa0, stage(use).vt);
+      wgmma_commit();
+      turns.end();
+      wgmma_wait<0>();
+      fence_accumulators(o_acc);
+      if (lane == 0) sm.ring.arrive_empty(use);
+    };
+    auto pair = [&](int i) {
+      const int ua = it.key_uses + i, ub = ua + 1;
+      sm.ring.wait_full(ua);
+      sm.ring.wait_full(ub);
+      turns.begin();
+      wgmma_fence();
+      rows_product<D, kKeyTile, kRowsLayout>(s0, q, stage(ua).k);
+      rows_product<D, kKeyTile, kRowsLayout>(s1, q, stage(ub).k);
+      wgmma_commit();
+      turns.end();
+      wgmma_wait<0>();
+      fence_accumulators(s0);
+      fence_accumulators(s1);
+      pair_softmax_grouped<D>(s0, s1, stage(ua), stage(ub), it.q_factor, it.lsum_exp, m, l, alpha);
+      rescale_output(o_acc, alpha);
+      pack_a_operand<kKeyTile>(s0, pa0);
+      pack_a_operand<kKeyTile>(s1, pa1);
+      turns.begin();
+      wgmma_fence();
+      register_product<D, kKeyTile, kVtLayout>(o_acc, pa0, stage(ua).vt);
+      register_product<D, kKeyTile, kVtLayout>(o_acc, pa1, stage(ub).vt);
+      wgmma_commit();
+      turns.end();
+      wgmma_wait<0>();
+      fence_accumulators(o_acc);
+      if (lane == 0) {
+        sm.ring.arrive_empty(ua);
+        sm.ring.arrive_empty(ub);
+      }
+    };
+    single(0);
+    int i = 1;
+#if defined(FLAMIA_PROBE_OVERLAP) && FLAMIA_PROBE_STEP_KEYS == 192
+    // P192O: steps of 192 keys over the ring's 128-key stages, with the overlap (S of step j issued
+    // with P.V of step j - 1). After the diagonal tile the stages go in triples (x, y, z): step A
+    // takes x whole and y's first 64 keys, step B y's last 64 keys and z whole (S as an m64n128 and
+    // an m64n64 product; P.V as 4 + 2 k-steps); x is released after A's P.V, y and z after B's.
+    {
+      float s1h[32];
+      uint32_t pa1h[2][4];
+      struct Step {
+        int f, h, k;  // the whole stage's use, the half stage's use, which half
+      };
+      const int first = it.key_uses + 1, triples = (w.tiles - 1) / 3;
+      auto step_of = [&](int j) {
+        const int x = first + 3 * (j / 2);
+        return (j & 1) ? Step{x + 2, x + 1, 1} : Step{x, x + 1, 0};
+      };
+      auto issue_s = [&](const Step& st) {
+        rows_product<D, kKeyTile, kRowsLayout>(s0, q, stage(st.f).k);
+        rows_product<D, 64, kRowsLayout>(s1h, q, stage(st.h).k + st.k * 64 * D);
+      };
+      auto issue_pv = [&](const Step& st) {
+        register_product<D, kKeyTile, kVtLayout>(o_acc, pa0, stage(st.f).vt);
+        const uint32_t bt_low = descriptor_low(tile_address(stage(st.h).vt));
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk)
+          wgmma_m64nNk32_rs<D>(o_acc, pa1h[kk],
+                               step_descriptor<kVtLayout, kTransposedFormStride<kKeyTile>>(bt_low, 2 * st.k + kk));
+      };
+      auto release = [&](const Step& st) {
+        if (lane == 0) {
+          sm.ring.arrive_empty(st.f);
+          if (st.k == 1) sm.ring.arrive_empty(st.h);
+        }
+      };
+      auto softmax192 = [&](const Step& st) {
+        const KeyTileStage<D>& a = stage(st.f);
+        const KeyTileStage<D>& b = stage(st.h);
+        float gm[2][6];
+        for (int r = 0; r < 2; ++r)
+          for (int g = 0; g < 6; ++g) gm[r][g] = -INFINITY;
+#pragma unroll
+        for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) gm[e >> 1][nb / 4] = fmaxf(gm[e >> 1][nb / 4], s0[nb * 4 + e]);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) gm[e >> 1][4 + nb / 4] = fmaxf(gm[e >> 1][4 + nb / 4], s1h[nb * 4 + e]);
+        float kc[6];
+        float2 fo[6];
+        for (int g = 0; g < 4; ++g) kc[g] = a.k_col[32 * g], fo[g] = a.group_fold[g];
+        for (int g = 0; g < 2; ++g) kc[4 + g] = b.k_col[32 * (2 * st.k + g)], fo[4 + g] = b.group_fold[2 * st.k + g];
+        float tmax[2], bias[2];
+        for (int r = 0; r < 2; ++r) {
+          float x = fmaxf(fmaxf(gm[r][0] * kc[0], gm[r][1] * kc[1]), fmaxf(gm[r][2] * kc[2], gm[r][3] * kc[3]));
+          x = fmaxf(x, fmaxf(gm[r][4] * kc[4], gm[r][5] * kc[5]));
+          x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+          tmax[r] = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2)) * it.q_factor[r];
+        }
+        update_running_max(tmax, m, l, alpha);
+        for (int r = 0; r < 2; ++r) bias[r] = it.lsum_exp[r] - (m[r] == -INFINITY ? 0.f : m[r]);
+        float ps[2][6] = {};
+#pragma unroll
+        for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = e >> 1, g = nb / 4;
+            float& x = s0[nb * 4 + e];
+            x = exp2_ftz(fmaf(x, kc[g] * it.q_factor[r], bias[r] + fo[g].x));
+            ps[r][g] += x;
+          }
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = e >> 1, g = 4 + nb / 4;
+            float& x = s1h[nb * 4 + e];
+            x = exp2_ftz(fmaf(x, kc[g] * it.q_factor[r], bias[r] + fo[g].x));
+            ps[r][g] += x;
+          }
+        for (int r = 0; r < 2; ++r) {
+          float sum = 0.f;
+          for (int g = 0; g < 6; ++g) sum = fmaf(ps[r][g], fo[g].y, sum);
+          l[r] += sum;
+        }
+      };
+      if (triples > 0) {
+        Step pending = step_of(0);
+        sm.ring.wait_full(pending.f);
+        sm.ring.wait_full(pending.h);
+        turns.begin();
+        wgmma_fence();
+        issue_s(pending);
+        wgmma_commit();
+        turns.end();
+        wgmma_wait<0>();
+        fence_accumulators(s0);
+        fence_accumulators(s1h);
+        softmax192(pending);
+        rescale_output(o_acc, alpha);
+        pack_a_operand<kKeyTile>(s0, pa0);
+        pack_a_operand<64>(s1h, pa1h);
+        for (int j = 1; j < 2 * triples; ++j) {
+          const Step st = step_of(j);
+          sm.ring.wait_full(st.f);
+          sm.ring.wait_full(st.h);
+          turns.begin();
+          wgmma_fence();
+          issue_s(st);
+          wgmma_commit();
+          issue_pv(pending);
+          wgmma_commit();
+          turns.end();
+          wgmma_wait<1>();
+          fence_accumulators(s0);
+          fence_accumulators(s1h);
+          softmax192(st);
+          wgmma_wait<0>();
+          fence_accumulators(o_acc);
+          release(pending);
+          rescale_output(o_acc, alpha);
+          pack_a_operand<kKeyTile>(s0, pa0);
+          pack_a_operand<64>(s1h, pa1h);
+          pending = st;
+        }
+        turns.begin();
+        wgmma_fence();
+        issue_pv(pending);
+        wgmma_commit();
+        turns.end();
+        wgmma_wait<0>();
+        fence_accumulators(o_acc);
+        release(pending);
+        i += 3 * triples;
+      }
+    }
+#elif defined(FLAMIA_PROBE_OVERLAP)
+    // Pair steps with the intra-warpgroup overlap: S of pair j issued with P.V of pair j - 1.
+    if (i + 1 < w.tiles) {
+      const int ua = it.key_uses + i, ub = ua + 1;
+      sm.ring.wait_full(ua);
+      sm.ring.wait_full(ub);
+      turns.begin();
+      wgmma_fence();
+      rows_product<D, kKeyTile, kRowsLayout>(s0, q, stage(ua).k);
+      rows_product<D, kKeyTile, kRowsLayout>(s1, q, stage(ub).k);
+      wgmma_commit();
+      turns.end();
+      wgmma_wait<0>();
+      fence_accumulators(s0);
+      fence_accumulators(s1);
+      pair_softmax_grouped<D>(s0, s1, stage(ua), stage(ub), it.q_factor, it.lsum_exp, m, l, alpha);
+      rescale_output(o_acc, alpha);
+      pack_a_operand<kKeyTile>(s0, pa0);
+      pack_a_operand<kKeyTile>(s1, pa1);
+      i += 2;
+      for (; i + 1 < w.tiles; i += 2) {
+        const int va = it.key_uses + i, vb = va + 1, pa_use = va - 2;
+        sm.ring.wait_full(va);
+        sm.ring.wait_full(vb);
+        turns.begin();
+        wgmma_fence();
+        rows_product<D, kKeyTile, kRowsLayout>(s0, q, stage(va).k);
+        rows_product<D, kKeyTile, kRowsLayout>(s1, q, stage(vb).k);
+        wgmma_commit();
+        register_product<D, kKeyTile, kVtLayout>(o_acc, pa0, stage(pa_use).vt);
+        register_product<D, kKeyTile, kVtLayout>(o_acc, pa1, stage(pa_use + 1).vt);
+        wgmma_commit();
+        turns.end();
+        wgmma_wait<1>();
+        fence_accumulators(s0);
+        fence_accumulators(s1);
+        pair_softmax_grouped<D>(s0, s1, stage(va), stage(vb), it.q_factor, it.lsum_exp, m, l, alpha);
+        wgmma_wait<0>();
+        fence_accumulators(o_acc);
+        if (lane == 0) {
+          sm.ring.arrive_empty(pa_use);
+          sm.ring.arrive_empty(pa_use + 1);
+        }
+        rescale_output(o_acc, alpha);
+        pack_a_operand<kKeyTile>(s0, pa0);
+        pack_a_operand<kKeyTile>(s1, pa1);
+      }
+      const int pa_use = it.key_uses + i - 2;  // the last pair's P.V alone
+      turns.begin();
+      wgmma_fence();
+      register_product<D, kKeyTile, kVtLayout>(o_acc, pa0, stage(pa_use).vt);
+      register_product<D, kKeyTile, kVtLayout>(o_acc, pa1, stage(pa_use + 1).vt);
+      wgmma_commit();
+      turns.end();
+      wgmma_wait<0>();
+      fence_accumulators(o_acc);
+      if (lane == 0) {
+        sm.ring.arrive_empty(pa_use);
+        sm.ring.arrive_empty(pa_use + 1);
+      }
+    }
+#else
+    if constexpr (FLAMIA_PROBE_STEP_KEYS >= 256)
+      for (; i + 1 < w.tiles; i += 2) pair(i);
+#endif
+    for (; i < w.tiles; ++i) single(i);
+    if (lane == 0) sm.q_ring.arrive_empty(n);
+    store_item_output(p, it, o_acc, m, l);
+    key_uses += w.tiles;
+  }
+  turns.close();
+}
+#endif
+
 template <int D, bool kTurns, bool kInteriorCodes>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ ForwardArgs args) {
   // The skeleton of tma.cuh's aligned_shared_storage and run_roles, written out: through those
@@ -412,6 +783,12 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     if (threadIdx.x < 32 * kProducerWarps) produce<D, kInteriorCodes>(args, sm);
   } else {
     claim_registers<kConsumerRegisters>();
+#ifdef FLAMIA_PROBE_STEP_KEYS
+    if constexpr (kTurns && !kInteriorCodes) {
+      consume_items_probe<D>(args, sm);
+      return;
+    }
+#endif
     consume_items<D, kTurns, kInteriorCodes>(args, sm);
   }
 }
