@@ -32,11 +32,7 @@ static_assert(kQueryRows == tiling::kFwdQueryTile && tiling::kFwdKeyTile % kQuer
               "a CTA's rows are one forward query tile and share their diagonal key tile");
 // Registers per thread after the hand-over: 128 x 40 + 256 x 232 = 64512, what the launch allocates
 // (168 x 384): an increase waits for registers that decreases gave back, so the two must balance.
-#ifndef FLAMIA_PROBE_PRODUCER_REGS
-#define FLAMIA_PROBE_PRODUCER_REGS 40
-#define FLAMIA_PROBE_CONSUMER_REGS 232
-#endif
-constexpr int kProducerRegisters = FLAMIA_PROBE_PRODUCER_REGS, kConsumerRegisters = FLAMIA_PROBE_CONSUMER_REGS;
+constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 constexpr int kConsumerWarps = 4 * kConsumers;  // each arrives on "empty"
 static_assert(kConsumers == 2, "the consumers take turns in pairs");
 
