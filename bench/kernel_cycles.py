@@ -7,10 +7,14 @@ implementations compare by their kernels' cycles, without the clock each keeps u
   python3 bench/kernel_cycles.py run [--workloads 4x16384,tiny-unaligned] [--impls flamia,jax-cudnn-fp8]
                                      [--out DIR]
       one ncu process per (workload, implementation) over bench/bench_attention.py's forward (one
-      warm-up and one timed call, no accuracy check), its CSV kept in DIR; then the table below.
+      warm-up and one timed call, no accuracy check), its CSV kept in DIR (default $OUT, else bench-results/kernel-cycles); then the table below.
+      With --sections, also each implementation's attention kernel (its second launch) under
+      Nsight Compute's SECTIONS (below), and a table of their main metrics.
   python3 bench/kernel_cycles.py parse CSV [CSV ...]
       the table of CSVs that `run` wrote (or any ncu --csv log with sm__cycles_elapsed.max of one
       implementation's calls).
+  python3 bench/kernel_cycles.py parse-sections CSV [CSV ...]
+      the sections table of `ncu --csv --page details` logs: one column per profiled kernel.
 
 Table: per CSV, the call's kernels grouped into families (flamia: quantize, V fold reference, work
 order, forward kernel; cuDNN: its attention kernel and its setup kernel; XLA: JAX's own small
@@ -25,7 +29,6 @@ import csv
 import io
 import os
 import pathlib
-import statistics
 import subprocess
 import sys
 
@@ -103,24 +106,72 @@ def parse(paths):
     return "\n".join([table(results)] + skipped) if results else "\n".join(skipped)
 
 
+# The sections `run --sections` collects, and the metrics of them its table shows (ncu's names).
+SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "InstructionStats", "LaunchStats", "Occupancy",
+            "WarpStateStats", "MemoryWorkloadAnalysis")
+SECTION_ROWS = (
+    ("elapsed SM cycles", "Elapsed Cycles"),
+    ("warp instructions executed", "Executed Instructions"),
+    ("IPC (active)", "Executed Ipc Active"),
+    ("issue slots busy, %", "Issue Slots Busy"),
+    ("warp cycles per issued instruction", "Warp Cycles Per Issued Instruction"),
+    ("achieved active warps per SM", "Achieved Active Warps Per SM"),
+    ("registers per thread", "Registers Per Thread"),
+    ("dynamic shared memory per block, bytes", "Dynamic Shared Memory Per Block"),
+    ("L2 hit rate, %", "L2 Hit Rate"),
+    ("DRAM throughput, %", "DRAM Throughput"),
+)
+
+
+def section_metrics(text):
+    """[(kernel name, {metric name: value text})] per profiled kernel of an ncu --page details log."""
+    rows = csv.DictReader(io.StringIO("".join(line for line in text.splitlines(True) if not line.startswith("=="))))
+    kernels = {}
+    for r in rows:
+        if r.get("Metric Name"):
+            kernels.setdefault(int(r["ID"]), (r["Kernel Name"], {}))[1][r["Metric Name"]] = r["Metric Value"]
+    return [kernels[i] for i in sorted(kernels)]
+
+
+def sections_table(paths):
+    columns = []
+    for path in paths:
+        for name, metrics in section_metrics(pathlib.Path(path).read_text()):
+            short = "flamia forward kernel" if "forward_kernel" in name else name.split("(")[0][:40]
+            columns.append((f"{pathlib.Path(path).stem}: {short}", metrics))
+    lines = ["| | " + " | ".join(c for c, _ in columns) + " |", "|---|" + "---|" * len(columns)]
+    for label, metric in SECTION_ROWS:
+        lines.append(f"| {label} | " + " | ".join(m.get(metric, "-") for _, m in columns) + " |")
+    return "\n".join(lines)
+
+
+def ncu(path, extra, workload, impl):
+    print(f"kernel_cycles: {workload} / {impl} under ncu ...", file=sys.stderr, flush=True)
+    cmd = (["ncu", "--target-processes", "all", "--clock-control", "base", *extra, "--csv", "--log-file", str(path),
+            sys.executable, str(REPO / "bench" / "bench_attention.py"), "--pass", "forward", "--impls", impl,
+            "--workloads", workload, "--rounds", "1", "--warmup", "1", "--calls-per-round", "1",
+            "--no-gpu-readings", "--no-check"])
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"kernel_cycles: ncu failed for {workload} / {impl}:\n{done.stderr[-2000:]}")
+
+
 def run(args):
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = []
+    paths, section_paths = [], []
     for workload in args.workloads.split(","):
         for impl in args.impls.split(","):
-            path = out / f"{workload}__{impl}.csv".replace("/", "-")
-            print(f"kernel_cycles: {workload} / {impl} under ncu ...", file=sys.stderr, flush=True)
-            cmd = ["ncu", "--target-processes", "all", "--clock-control", "base", "--metrics",
-                   f"gpu__time_duration.sum,{CYCLES}", "--csv", "--log-file", str(path),
-                   sys.executable, str(REPO / "bench" / "bench_attention.py"), "--pass", "forward",
-                   "--impls", impl, "--workloads", workload, "--rounds", "1", "--warmup", "1",
-                   "--calls-per-round", "1", "--no-gpu-readings", "--no-check"]
-            done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-            if done.returncode != 0:
-                sys.exit(f"kernel_cycles: ncu failed for {workload} / {impl}:\n{done.stderr[-2000:]}")
-            paths.append(path)
-    return parse(paths)
+            stem = f"{workload}__{impl}".replace("/", "-")
+            paths.append(out / f"{stem}.csv")
+            ncu(paths[-1], ["--metrics", f"gpu__time_duration.sum,{CYCLES}"], workload, impl)
+            if args.sections:
+                section_paths.append(out / f"{stem}.sections.csv")
+                sections = [a for name in SECTIONS for a in ("--section", name)]
+                ncu(section_paths[-1], ["--kernel-name", "regex:forward_kernel|sdpa", "--launch-skip", "1",
+                                        "--launch-count", "1", *sections, "--page", "details"], workload, impl)
+    text = parse(paths)
+    return text + ("\n\n" + sections_table(section_paths) if section_paths else "")
 
 
 def main(argv=None):
@@ -129,11 +180,20 @@ def main(argv=None):
     r = sub.add_parser("run", help="profile the benchmark's calls under ncu, then print the table")
     r.add_argument("--workloads", default="4x16384,tiny-unaligned,8192+224x256")
     r.add_argument("--impls", default="flamia,jax-cudnn-fp8,jax-cudnn-bf16")
-    r.add_argument("--out", default=os.environ.get("OUT", "kernel-cycles"))
+    r.add_argument("--out", default=os.environ.get("OUT", "bench-results/kernel-cycles"),
+                   help="where the ncu CSV logs go (default: $OUT, else bench-results/kernel-cycles)")
+    r.add_argument("--sections", action="store_true", help="also the attention kernels' Nsight Compute sections")
     q = sub.add_parser("parse", help="the table of existing ncu CSV logs")
     q.add_argument("csv", nargs="+")
+    t = sub.add_parser("parse-sections", help="the sections table of existing ncu --page details CSV logs")
+    t.add_argument("csv", nargs="+")
     args = p.parse_args(argv)
-    print(run(args) if args.mode == "run" else parse(args.csv))
+    if args.mode == "run":
+        print(run(args))
+    elif args.mode == "parse":
+        print(parse(args.csv))
+    else:
+        print(sections_table(args.csv))
 
 
 if __name__ == "__main__":

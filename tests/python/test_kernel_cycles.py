@@ -59,3 +59,26 @@ def test_the_table_lists_the_families_seen_in_thousands(tmp_path):
 def test_a_log_without_an_attention_kernel_is_refused():
     with pytest.raises(ValueError, match="no attention kernel"):
         K.per_call(K.launches(log(FLAMIA_CALL[:3])))
+
+
+def details_log(kernels):
+    """An ncu --csv --page details log: (name, {metric: value}) per profiled kernel."""
+    lines = [HEADER]
+    for i, (name, metrics) in enumerate(kernels):
+        for metric, value in metrics.items():
+            lines.append(f'"{i}","1","python3","h","{name}","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0",'
+                         f'"SpeedOfLight","{metric}","","{value}"\n')
+    return "".join(lines)
+
+
+def test_the_sections_table_has_a_column_per_kernel_and_a_dash_for_a_missing_metric(tmp_path):
+    path = tmp_path / "4x16384.sections.csv"
+    path.write_text(details_log([
+        ("void sm90::forward_kernel<128, 1, 0>(sm90::ForwardArgs)", {"Elapsed Cycles": "9,295,826", "Executed Ipc Active": "1.95"}),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f8_knob_32", {"Elapsed Cycles": "7,872,616"}),
+    ]))
+    lines = K.sections_table([path]).splitlines()
+    assert lines[0] == ("| | 4x16384.sections: flamia forward kernel | "
+                        "4x16384.sections: cudnn_generated_fort_native_sdpa_sm90_fl |")
+    assert lines[2] == "| elapsed SM cycles | 9,295,826 | 7,872,616 |"
+    assert lines[4] == "| IPC (active) | 1.95 | - |"
