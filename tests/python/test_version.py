@@ -19,10 +19,18 @@ def found(pattern, path):
     return m.group(1)
 
 
-def test_the_version_is_the_same_in_cmake_pyproject_and_the_package():
-    cmake = found(r"^project\(flamia VERSION ([0-9.]+)", "CMakeLists.txt")
-    assert found(r'^version = "([0-9.]+)"', "pyproject.toml") == cmake
-    assert found(r'^__version__ = "([0-9.]+)"', "python/flamia/__init__.py") == cmake
+def test_the_version_has_one_home_the_package_which_cmake_and_pyproject_read():
+    assert re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", found(r'^__version__ = "([^"]*)"', "python/flamia/__init__.py"))
+    cmake = (REPO / "CMakeLists.txt").read_text()
+    assert "project(flamia VERSION ${FLAMIA_VERSION}" in cmake
+    assert re.search(r'file\(STRINGS "\$\{CMAKE_CURRENT_SOURCE_DIR\}/python/flamia/__init__.py" FLAMIA_VERSION_LINE', cmake)
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert not re.search(r"^version\s*=", pyproject, re.M), "pyproject.toml states a version of its own"
+    assert re.search(r'^dynamic = \["version"\]', pyproject, re.M)
+    assert found(r"^\[tool\.scikit-build\.metadata\.version\]\nprovider = \"([^\"]+)\"", "pyproject.toml") == \
+        "scikit_build_core.metadata.regex"
+    assert found(r'^\[tool\.scikit-build\.metadata\.version\]\n.*\ninput = "([^"]+)"', "pyproject.toml") == \
+        "python/flamia/__init__.py"
 
 
 def test_the_bindings_mirror_the_headers_abi():
