@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Whether two builds of the library compute the same bits: whole training calls (o, lse, dq, dk, dv)
-on benchmark workloads, saved by one build and compared bitwise by another. A kernel change that
-only reorders work (scheduling, barriers, loads) must pass this before it is timed.
+on benchmark workloads, saved by one build and compared bitwise by another (a differing output is
+reported with its cosine and largest difference to the saved one). A kernel change that only
+reorders work (scheduling, barriers, loads) must pass this before it is timed.
 
 The library is the one at $FLAMIA_CAPI_LIB (python/flamia/_capi.py), so each build runs in its own
 process:
@@ -39,6 +40,22 @@ def parse_args(argv):
     return args
 
 
+def difference(a, b):
+    """How far two outputs of one shape are apart (numpy arrays): the cosine and largest |a - b| over
+    the elements finite in both, and how many elements are finite in one only or differ in NaN-ness."""
+    import numpy as np
+    if a.shape != b.shape:
+        return f"shapes {a.shape} and {b.shape}"
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    both = np.isfinite(a) & np.isfinite(b)
+    mismatched = int(np.count_nonzero(~both & ~((np.isnan(a) & np.isnan(b)) | (a == b))))
+    x, y = a[both], b[both]
+    norms = np.linalg.norm(x) * np.linalg.norm(y)
+    cosine = float(x @ y / norms) if norms > 0 else float("nan")
+    text = f"cosine {cosine:.7f}, max |diff| {float(np.max(np.abs(x - y))) if x.size else 0.0:.4g}"
+    return text + (f", {mismatched} non-finite mismatches" if mismatched else "")
+
+
 def training_call(torch, flamia, name, isolation, seed):
     lens = W.WORKLOADS[name]["lens"]
     q, k, v, dout, cu = W.training_inputs(torch, name, seed=seed)
@@ -70,8 +87,9 @@ def main(argv=None):
             print(f"{key}: not in {args.path}")
             differing += 1
             continue
-        unequal = [n for n, a, b in zip(OUTPUTS, tensors, saved[key]) if not torch.equal(a, b)]
-        print(f"{key}: " + ("bitwise equal" if not unequal else "DIFFERS in " + ", ".join(unequal)))
+        unequal = [(n, a, b) for n, a, b in zip(OUTPUTS, tensors, saved[key]) if not torch.equal(a, b)]
+        print(f"{key}: " + ("bitwise equal" if not unequal else "DIFFERS in " + "; ".join(
+            f"{n} ({difference(a.float().numpy(), b.float().numpy())})" for n, a, b in unequal)))
         differing += bool(unequal)
     print(f"{library}: {len(results) - differing} of {len(results)} training calls bitwise equal")
     return 1 if differing else 0

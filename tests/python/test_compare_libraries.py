@@ -27,3 +27,20 @@ def test_an_unknown_workload_is_refused_with_its_name(capsys):
         compare_libraries.parse_args(["save", "ref.pt", "--workloads", "16x4096,32x2048"])
     assert exit_info.value.code == 2
     assert "32x2048" in capsys.readouterr().err
+
+
+def test_a_difference_is_reported_as_its_cosine_and_largest_gap():
+    np = pytest.importorskip("numpy")
+    a = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
+    assert compare_libraries.difference(a, a.copy()) == "cosine 1.0000000, max |diff| 0"
+    b = a.copy()
+    b[1, 1] = 5.0
+    assert compare_libraries.difference(a, b) == "cosine 0.9939991, max |diff| 1"  # 34 / sqrt(30 * 39)
+
+
+def test_non_finite_elements_are_counted_where_they_disagree():
+    np = pytest.importorskip("numpy")
+    a = np.array([1.0, np.nan, np.inf, 2.0])
+    b = np.array([1.0, np.nan, 3.0, np.nan])
+    assert compare_libraries.difference(a, b) == "cosine 1.0000000, max |diff| 0, 2 non-finite mismatches"
+    assert compare_libraries.difference(a, a[:2]) == "shapes (4,) and (2,)"
