@@ -157,7 +157,7 @@ def ncu(path, extra, workload, impl):
 
 
 def run(args):
-    out = pathlib.Path(args.out)
+    out = pathlib.Path(args.out).resolve()  # ncu runs in the repository root
     out.mkdir(parents=True, exist_ok=True)
     paths, section_paths = [], []
     for workload in args.workloads.split(","):
