@@ -195,7 +195,6 @@ def _check_abi(lib, path):
             f"flamia: the C API library at {path} has ABI {found}, these bindings need ABI {ABI_VERSION} "
             f"(its structs or signatures differ); rebuild it from this source tree (cmake target "
             f"flamia_capi) or reinstall the package")
-    lib.flamia_version.argtypes, lib.flamia_version.restype = [], ctypes.c_char_p
 
 
 def _declare(lib):
@@ -204,6 +203,7 @@ def _declare(lib):
     lib.flamia_default_options.restype = None
     lib.flamia_status_name.argtypes = [_c_enum]
     lib.flamia_status_name.restype = ctypes.c_char_p
+    lib.flamia_version.argtypes, lib.flamia_version.restype = [], ctypes.c_char_p
     lib.flamia_forward_workspace_size.argtypes = [
         ptr(Tensor), ptr(Tensor), ptr(Tensor), ptr(Documents), ptr(Options), ptr(ctypes.c_size_t), ptr(Error)]
     lib.flamia_forward_workspace_size.restype = _c_enum

@@ -505,8 +505,8 @@ void flamia_default_options(flamia_options* options) {
 
 int flamia_abi_version(void) { return FLAMIA_ABI_VERSION; }
 
-// FLAMIA_VERSION_STRING: CMake's project version (CMakeLists.txt), the one place the version is set
-// for the C++ side; tests/python/test_version.py checks the Python package states the same.
+// FLAMIA_VERSION_STRING: CMake's project version, which CMakeLists.txt reads from the version's one
+// home, python/flamia/__init__.py (tests/python/test_version.py and test_cli.py check the chain).
 const char* flamia_version(void) { return FLAMIA_VERSION_STRING; }
 
 const char* flamia_status_name(flamia_status status) {
