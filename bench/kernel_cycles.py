@@ -5,7 +5,7 @@ implementations compare by their kernels' cycles, without the clock each keeps u
 (which moves the protocol's time ratios, docs/RESULTS.md "Clock and energy").
 
   python3 bench/kernel_cycles.py run [--workloads 4x16384,tiny-unaligned] [--impls flamia,jax-cudnn-fp8]
-                                     [--out DIR]
+                                     [--out DIR] [--sections] [--stalls]
       one ncu process per (workload, implementation) over bench/bench_attention.py's forward (one
       warm-up and one timed call, no accuracy check), its CSV kept in DIR (default $OUT, else bench-results/kernel-cycles); then the table below.
       With --sections, also each implementation's attention kernel (its second launch) under
@@ -13,8 +13,12 @@ implementations compare by their kernels' cycles, without the clock each keeps u
   python3 bench/kernel_cycles.py parse CSV [CSV ...]
       the table of CSVs that `run` wrote (or any ncu --csv log with sm__cycles_elapsed.max of one
       implementation's calls).
+      With --stalls, also each attention kernel's raw metrics of STALL_ROWS (below): stall
+      reasons per issued instruction, pipe use, instructions per sub-partition.
   python3 bench/kernel_cycles.py parse-sections CSV [CSV ...]
       the sections table of `ncu --csv --page details` logs: one column per profiled kernel.
+  python3 bench/kernel_cycles.py parse-stalls CSV [CSV ...]
+      the stalls table of `ncu --csv --page raw` logs (any that hold STALL_ROWS' metrics).
 
 Table: per CSV, the call's kernels grouped into families (flamia: quantize, V fold reference, work
 order, forward kernel; cuDNN: its attention kernel and its setup kernel; XLA: JAX's own small
@@ -134,15 +138,58 @@ def section_metrics(text):
 
 
 def sections_table(paths):
-    columns = []
-    for path in paths:
-        for name, metrics in section_metrics(pathlib.Path(path).read_text()):
-            short = "flamia forward kernel" if "forward_kernel" in name else name.split("(")[0][:40]
-            columns.append((f"{pathlib.Path(path).stem}: {short}", metrics))
+    return metrics_table([(kernel_label(path, name), metrics) for path in paths
+                          for name, metrics in section_metrics(pathlib.Path(path).read_text())], SECTION_ROWS)
+
+
+# What `run --stalls` collects of each attention kernel (`ncu --page raw`, its metric names): where
+# its warps wait, per issued instruction (Nsight Compute's warp-state stall reasons, in warps per
+# issue: they sum to the warp cycles per issued instruction), how busy its pipes are, and how evenly
+# its instructions spread over the four sub-partitions of an SM.
+STALL_REASONS = ("wait", "long_scoreboard", "barrier", "not_selected", "dispatch_stall", "short_scoreboard",
+                 "math_pipe_throttle", "mio_throttle", "misc", "no_instruction", "branch_resolving", "gmma",
+                 "selected")
+STALL_ROWS = tuple((f"stall {reason.replace('_', ' ')}, warps per issue",
+                    f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio") for reason in STALL_REASONS) + (
+    ("warp cycles per issued instruction", "smsp__average_warp_latency_per_inst_issued.ratio"),
+    ("issue active per cycle, per sub-partition", "smsp__issue_active.avg.per_cycle_active"),
+    ("tensor pipe busy, % of active cycles", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"),
+    ("MUFU (XU) pipe busy, %", "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active"),
+    ("FMA pipe busy, %", "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"),
+    ("ALU pipe busy, %", "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active"),
+    ("instructions per sub-partition, min", "smsp__inst_executed.min"),
+    ("instructions per sub-partition, mean", "smsp__inst_executed.avg"),
+    ("instructions per sub-partition, max", "smsp__inst_executed.max"),
+    ("active threads per warp instruction", "smsp__thread_inst_executed_per_inst_executed.ratio"),
+)
+
+
+def raw_metrics(text):
+    """[(kernel name, {metric name: value text})] per profiled kernel of an ncu --csv --page raw log
+    (a header row of metric names, a row of units, then a row per kernel)."""
+    rows = list(csv.reader(io.StringIO("".join(line for line in text.splitlines(True) if not line.startswith("==")))))
+    if not rows:
+        return []
+    header = rows[0]
+    return [(r[header.index("Kernel Name")], dict(zip(header, r))) for r in rows[2:] if len(r) == len(header)]
+
+
+def metrics_table(columns, rows):
+    """columns: [(label, {metric: value})]; rows: [(row label, metric)] -> markdown, '-' where absent."""
     lines = ["| | " + " | ".join(c for c, _ in columns) + " |", "|---|" + "---|" * len(columns)]
-    for label, metric in SECTION_ROWS:
+    for label, metric in rows:
         lines.append(f"| {label} | " + " | ".join(m.get(metric, "-") for _, m in columns) + " |")
     return "\n".join(lines)
+
+
+def kernel_label(path, name):
+    short = "flamia forward kernel" if "forward_kernel" in name else name.split("(")[0][:40]
+    return f"{pathlib.Path(path).stem}: {short}"
+
+
+def stalls_table(paths):
+    return metrics_table([(kernel_label(path, name), metrics) for path in paths
+                          for name, metrics in raw_metrics(pathlib.Path(path).read_text())], STALL_ROWS)
 
 
 def ncu(path, extra, workload, impl):
@@ -156,10 +203,15 @@ def ncu(path, extra, workload, impl):
         sys.exit(f"kernel_cycles: ncu failed for {workload} / {impl}:\n{done.stderr[-2000:]}")
 
 
+# Each implementation's attention kernel, its second launch (the first is the warm-up's).
+ATTENTION_KERNEL = ("--kernel-name-base", "demangled", "--kernel-name", "regex:forward_kernel|sdpa",
+                    "--launch-skip", "1", "--launch-count", "1")
+
+
 def run(args):
     out = pathlib.Path(args.out).resolve()  # ncu runs in the repository root
     out.mkdir(parents=True, exist_ok=True)
-    paths, section_paths = [], []
+    paths, section_paths, stall_paths = [], [], []
     for workload in args.workloads.split(","):
         for impl in args.impls.split(","):
             stem = f"{workload}__{impl}".replace("/", "-")
@@ -168,10 +220,17 @@ def run(args):
             if args.sections:
                 section_paths.append(out / f"{stem}.sections.csv")
                 sections = [a for name in SECTIONS for a in ("--section", name)]
-                ncu(section_paths[-1], ["--kernel-name", "regex:forward_kernel|sdpa", "--launch-skip", "1",
-                                        "--launch-count", "1", *sections, "--page", "details"], workload, impl)
+                ncu(section_paths[-1], [*ATTENTION_KERNEL, *sections, "--page", "details"], workload, impl)
+            if args.stalls:
+                stall_paths.append(out / f"{stem}.stalls.csv")
+                ncu(stall_paths[-1], [*ATTENTION_KERNEL, "--metrics", ",".join(m for _, m in STALL_ROWS),
+                                      "--page", "raw"], workload, impl)
     text = parse(paths)
-    return text + ("\n\n" + sections_table(section_paths) if section_paths else "")
+    if section_paths:
+        text += "\n\n" + sections_table(section_paths)
+    if stall_paths:
+        text += "\n\n" + stalls_table(stall_paths)
+    return text
 
 
 def main(argv=None):
@@ -183,17 +242,23 @@ def main(argv=None):
     r.add_argument("--out", default=os.environ.get("OUT", "bench-results/kernel-cycles"),
                    help="where the ncu CSV logs go (default: $OUT, else bench-results/kernel-cycles)")
     r.add_argument("--sections", action="store_true", help="also the attention kernels' Nsight Compute sections")
+    r.add_argument("--stalls", action="store_true",
+                   help="also the attention kernels' stall reasons, pipes and sub-partition balance (raw metrics)")
     q = sub.add_parser("parse", help="the table of existing ncu CSV logs")
     q.add_argument("csv", nargs="+")
     t = sub.add_parser("parse-sections", help="the sections table of existing ncu --page details CSV logs")
     t.add_argument("csv", nargs="+")
+    u = sub.add_parser("parse-stalls", help="the stalls table of existing ncu --page raw CSV logs")
+    u.add_argument("csv", nargs="+")
     args = p.parse_args(argv)
     if args.mode == "run":
         print(run(args))
     elif args.mode == "parse":
         print(parse(args.csv))
-    else:
+    elif args.mode == "parse-sections":
         print(sections_table(args.csv))
+    else:
+        print(stalls_table(args.csv))
 
 
 if __name__ == "__main__":

@@ -82,3 +82,27 @@ def test_the_sections_table_has_a_column_per_kernel_and_a_dash_for_a_missing_met
                         "4x16384.sections: cudnn_generated_fort_native_sdpa_sm90_fl |")
     assert lines[2] == "| elapsed SM cycles | 9,295,826 | 7,872,616 |"
     assert lines[4] == "| IPC (active) | 1.95 | - |"
+
+
+def raw_log(kernels):
+    """An ncu --csv --page raw log: a header of metric names, a row of units, a row per kernel."""
+    metrics = sorted({m for _, values in kernels for m in values})
+    header = ["ID", "Kernel Name", *metrics]
+    lines = ["==PROF== Connected to process 1 (python3)\n", ",".join(f'"{h}"' for h in header) + "\n",
+             ",".join('""' if h in ("ID", "Kernel Name") else '"ratio"' for h in header) + "\n"]
+    for i, (name, values) in enumerate(kernels):
+        lines.append(",".join(f'"{v}"' for v in [str(i), name, *(values.get(m, "") for m in metrics)]) + "\n")
+    return "".join(lines)
+
+
+def test_the_stalls_table_reads_raw_metrics_per_kernel_under_their_labels(tmp_path):
+    wait = "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"
+    xu = "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active"
+    (tmp_path / "a.stalls.csv").write_text(raw_log([("forward_kernel", {wait: "1.64", xu: "46.22"})]))
+    (tmp_path / "b.stalls.csv").write_text(raw_log([("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", {wait: "0.67"})]))
+    assert K.raw_metrics((tmp_path / "a.stalls.csv").read_text())[0][1][wait] == "1.64"
+    lines = K.stalls_table([tmp_path / "a.stalls.csv", tmp_path / "b.stalls.csv"]).splitlines()
+    assert lines[0] == "| | a.stalls: flamia forward kernel | b.stalls: cudnn_generated_fort_native_sdpa_sm90_fl |"
+    assert lines[2] == "| stall wait, warps per issue | 1.64 | 0.67 |"
+    assert "| MUFU (XU) pipe busy, % | 46.22 | - |" in lines
+    assert len(lines) == 2 + len(K.STALL_ROWS)
