@@ -335,26 +335,15 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
       clock.stamp(timeline::kTurnTaken);
       wgmma_fence();
       issue_s(it, i);
-#if FLAMIA_PROBE_TURN_END == 1  // probe: the turn passes between S_i and P.V_{i-1}
-      turns.end();
-#endif
       issue_pv(it, i - 1);
-#if !defined(FLAMIA_PROBE_TURN_END) || FLAMIA_PROBE_TURN_END == 0
       turns.end();
-#endif
       clock.stamp(timeline::kIssued);
       wgmma_wait<1>();  // S_i is done; P.V may still run
-#if FLAMIA_PROBE_TURN_END == 2  // probe: the turn passes once S_i is done
-      turns.end();
-#endif
       clock.stamp(timeline::kScoresReady);
       float alpha[2];
       const KeyTileStage<D>& st = stage(it.key_uses + i);
       if constexpr (kLeanSteps) interior_softmax<D, kInteriorCodes>(p, it, st, i, s, m, l, alpha, clock);
       else tile_softmax<D, kInteriorCodes, false>(p, it, st, i, s, m, l, alpha, clock);
-#if FLAMIA_PROBE_TURN_END == 3  // probe: the turn passes after the softmax
-      turns.end();
-#endif
       clock.stamp(timeline::kSoftmaxDone);
       wgmma_wait<0>();
       fence_accumulators(o_acc);
