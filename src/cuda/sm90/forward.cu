@@ -277,15 +277,6 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   float m[2], l[2];               // running max and sum of the item's rows
   float s[kKeyTile / 2];          // S_i, then tile i's P operand values
   uint32_t pa[kKeyTile / 32][4];  // P~_{i-1}, read by the P.V in flight
-#ifdef FLAMIA_PROBE_EARLY_PACK
-  uint32_t pb[kKeyTile / 32][4];
-  auto pack_first = [&](int tiles) {  // tile 0's P~: into pb where the item has an odd number of steps
-    if (tiles % 2 == 0) pack_a_operand<kKeyTile>(s, pb);
-    else pack_a_operand<kKeyTile>(s, pa);
-  };
-#else
-  auto pack_first = [&](int) { pack_a_operand<kKeyTile>(s, pa); };
-#endif
   auto stage = [&](int use) -> const KeyTileStage<D>& { return sm.stage[sm.ring.stage(use)]; };
   auto issue_s = [&](const ItemRows& it, int i) {
     rows_product<D, kKeyTile, kRowsLayout>(s, sm.q[it.q_buffer] + me.consumer * kWarpgroupRows * D,
@@ -332,51 +323,9 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
     float alpha[2];
     tile_softmax<D, kInteriorCodes, kLeanSteps>(p, it, stage(it.key_uses), 0, s, m, l, alpha,
                                                 idle_clock);  // O is still 0
-    pack_first(it.w.tiles);
+    pack_a_operand<kKeyTile>(s, pa);
   }
   for (int n = 0;; ++n) {
-#ifdef FLAMIA_PROBE_EARLY_PACK
-    // probe: P~ in two register sets that the steps take in turn, so that P~_i is packed while
-    // P.V_{i-1} still reads P~_{i-1}; an item's tile 0 goes into the set that leaves its last
-    // tile's P~ in pa (what the transition's P.V reads).
-    auto step = [&](int i, const uint32_t (&pa_in)[kKeyTile / 32][4], uint32_t (&pa_out)[kKeyTile / 32][4]) {
-      clock.at_step(it.key_uses + i);
-      clock.stamp(timeline::kStepStart);
-      sm.ring.wait_full(it.key_uses + i);
-      clock.stamp(timeline::kTileLanded);
-      turns.begin();
-      clock.stamp(timeline::kTurnTaken);
-      wgmma_fence();
-      issue_s(it, i);
-      register_product<D, kKeyTile, kVtLayout>(o_acc, pa_in, stage(it.key_uses + i - 1).vt);
-      wgmma_commit();
-      turns.end();
-      clock.stamp(timeline::kIssued);
-      wgmma_wait<1>();  // S_i is done; P.V may still run
-      clock.stamp(timeline::kScoresReady);
-      float alpha[2];
-      const KeyTileStage<D>& st = stage(it.key_uses + i);
-      if constexpr (kLeanSteps) interior_softmax<D, kInteriorCodes>(p, it, st, i, s, m, l, alpha, clock);
-      else tile_softmax<D, kInteriorCodes, false>(p, it, st, i, s, m, l, alpha, clock);
-      clock.stamp(timeline::kSoftmaxDone);
-      pack_a_operand<kKeyTile>(s, pa_out);
-      wgmma_wait<0>();
-      fence_accumulators(o_acc);
-      if (lane == 0) sm.ring.arrive_empty(it.key_uses + i - 1);  // this warp is done with tile i-1
-      rescale_output(o_acc, alpha);
-      clock.stamp(timeline::kPacked);
-    };
-    {
-      int i = 1;
-      if (it.w.tiles % 2 == 0) goto from_pb;
-      while (i < it.w.tiles) {
-        step(i++, pa, pb);
-      from_pb:
-        if (i >= it.w.tiles) break;
-        step(i++, pb, pa);
-      }
-    }
-#else
     for (int i = 1; i < it.w.tiles; ++i) {
       clock.at_step(it.key_uses + i);
       clock.stamp(timeline::kStepStart);
@@ -403,7 +352,6 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
       pack_a_operand<kKeyTile>(s, pa);
       clock.stamp(timeline::kPacked);
     }
-#endif
     // Item n's Q tile is done with (its last S is), so its buffer goes back to the publisher.
     if (lane == 0) sm.q_ring.arrive_empty(n);
     const int last = it.w.tiles - 1;
@@ -440,7 +388,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
     start_item();
     m[0] = next_m[0], m[1] = next_m[1];
     l[0] = next_l[0], l[1] = next_l[1];
-    pack_first(next.w.tiles);
+    pack_a_operand<kKeyTile>(s, pa);
     it = next;
   }
 }
