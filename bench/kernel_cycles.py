@@ -10,11 +10,11 @@ implementations compare by their kernels' cycles, without the clock each keeps u
       warm-up and one timed call, no accuracy check), its CSV kept in DIR (default $OUT, else bench-results/kernel-cycles); then the table below.
       With --sections, also each implementation's attention kernel (its second launch) under
       Nsight Compute's SECTIONS (below), and a table of their main metrics.
+      With --stalls, also each attention kernel's raw metrics of STALL_ROWS (below): stall
+      reasons per issued instruction, pipe use, instructions per sub-partition.
   python3 bench/kernel_cycles.py parse CSV [CSV ...]
       the table of CSVs that `run` wrote (or any ncu --csv log with sm__cycles_elapsed.max of one
       implementation's calls).
-      With --stalls, also each attention kernel's raw metrics of STALL_ROWS (below): stall
-      reasons per issued instruction, pipe use, instructions per sub-partition.
   python3 bench/kernel_cycles.py parse-sections CSV [CSV ...]
       the sections table of `ncu --csv --page details` logs: one column per profiled kernel.
   python3 bench/kernel_cycles.py parse-stalls CSV [CSV ...]
@@ -175,10 +175,11 @@ def raw_metrics(text):
 
 
 def metrics_table(columns, rows):
-    """columns: [(label, {metric: value})]; rows: [(row label, metric)] -> markdown, '-' where absent."""
+    """columns: [(label, {metric: value})]; rows: [(row label, metric)] -> markdown, '-' where absent
+    or empty."""
     lines = ["| | " + " | ".join(c for c, _ in columns) + " |", "|---|" + "---|" * len(columns)]
     for label, metric in rows:
-        lines.append(f"| {label} | " + " | ".join(m.get(metric, "-") for _, m in columns) + " |")
+        lines.append(f"| {label} | " + " | ".join(m.get(metric) or "-" for _, m in columns) + " |")
     return "\n".join(lines)
 
 

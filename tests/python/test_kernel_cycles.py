@@ -106,3 +106,11 @@ def test_the_stalls_table_reads_raw_metrics_per_kernel_under_their_labels(tmp_pa
     assert lines[2] == "| stall wait, warps per issue | 1.64 | 0.67 |"
     assert "| MUFU (XU) pipe busy, % | 46.22 | - |" in lines
     assert len(lines) == 2 + len(K.STALL_ROWS)
+
+
+def test_a_kernel_without_a_value_in_a_shared_raw_log_shows_a_dash(tmp_path):
+    wait = "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"
+    xu = "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active"
+    (tmp_path / "both.csv").write_text(raw_log([("forward_kernel", {wait: "1.64", xu: "46.22"}),
+                                               ("cudnn_generated_fort_native_sdpa", {wait: "0.67"})]))
+    assert "| MUFU (XU) pipe busy, % | 46.22 | - |" in K.stalls_table([tmp_path / "both.csv"]).splitlines()
