@@ -153,11 +153,7 @@ __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const
     KeyTileStage<D>& st = sm.stage[sm.ring.stage(use)];
     const TileScaleBytes bytes = next;
     const uint32_t group_bytes = next_groups;
-#if FLAMIA_PROBE_SLEEP >= 2  // probe: the tile streamers nap too
-    sm.ring.wait_empty_sleeping(use, 64);
-#else
     sm.ring.wait_empty(use);
-#endif
     clock.at_step(use);
     clock.stamp(timeline::kStageFree);
     if (kStreamer == 0 && lane == 0) {

@@ -46,21 +46,6 @@ __device__ __forceinline__ void barrier_wait(uint64_t& bar, uint32_t parity) {
         : "memory");
   } while (!done);
 }
-#ifdef FLAMIA_PROBE_SLEEP
-// probe: barrier_wait with a nap of `ns` between tries, so that a long wait issues few instructions.
-__device__ __forceinline__ void barrier_wait_sleeping(uint64_t& bar, uint32_t parity, uint32_t ns) {
-  for (;;) {
-    uint32_t done;
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_address(&bar)), "r"(parity)
-        : "memory");
-    if (done) return;
-    __nanosleep(ns);
-  }
-}
-#endif
 
 // --- TMA --------------------------------------------------------------------------------------
 // Loads the box of `map` at the given coordinates (innermost first) into shared memory at dst
@@ -109,11 +94,6 @@ struct StageRing {
   __device__ __forceinline__ uint64_t& full_barrier(int i) { return full[i % kStages]; }
   // Producer: stage of use i is free (round 0 passes at once: fresh barriers, parity 1).
   __device__ __forceinline__ void wait_empty(int i) { barrier_wait(empty[i % kStages], ((i / kStages) & 1) ^ 1); }
-#ifdef FLAMIA_PROBE_SLEEP
-  __device__ __forceinline__ void wait_empty_sleeping(int i, uint32_t ns) {
-    barrier_wait_sleeping(empty[i % kStages], ((i / kStages) & 1) ^ 1, ns);
-  }
-#endif
   __device__ __forceinline__ void arrive_full(int i) { barrier_arrive(full[i % kStages]); }
   // Consumers: use i has landed; they are done with it.
   __device__ __forceinline__ void wait_full(int i) { barrier_wait(full[i % kStages], (i / kStages) & 1); }

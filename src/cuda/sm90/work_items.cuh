@@ -38,11 +38,7 @@ __device__ __forceinline__ void produce_work_items(int* counter, int items, Stag
   for (int n = 0;; ++n) {
     Work w;
     while (item < items && !find(item, w)) item = claim_next();
-#ifdef FLAMIA_PROBE_SLEEP  // probe: the publisher naps while its buffer is in use (an item's length)
-    ring.wait_empty_sleeping(n, 512);
-#else
     ring.wait_empty(n);
-#endif
     if (item >= items) {
       if (lane == 0) infos[ring.stage(n)].work.tiles = 0;
       ring.arrive_full(n);
