@@ -62,9 +62,14 @@ def family(name):
     return "XLA" if "::" not in name and not name.startswith("void") else "other"
 
 
+def csv_lines(text):
+    """An ncu --csv log without its '==PROF==' lines, as a file for the csv module."""
+    return io.StringIO("".join(line for line in text.splitlines(True) if not line.startswith("==")))
+
+
 def launches(text):
-    """[(kernel name, SM cycles)] in launch order from an ncu --csv log (its '==PROF==' lines skipped)."""
-    rows = csv.DictReader(io.StringIO("".join(line for line in text.splitlines(True) if not line.startswith("=="))))
+    """[(kernel name, SM cycles)] in launch order from an ncu --csv log."""
+    rows = csv.DictReader(csv_lines(text))
     out = {}
     for r in rows:
         if r.get("Metric Name") == CYCLES:
@@ -129,7 +134,7 @@ SECTION_ROWS = (
 
 def section_metrics(text):
     """[(kernel name, {metric name: value text})] per profiled kernel of an ncu --page details log."""
-    rows = csv.DictReader(io.StringIO("".join(line for line in text.splitlines(True) if not line.startswith("=="))))
+    rows = csv.DictReader(csv_lines(text))
     kernels = {}
     for r in rows:
         if r.get("Metric Name"):
@@ -167,7 +172,7 @@ STALL_ROWS = tuple((f"stall {reason.replace('_', ' ')}, warps per issue",
 def raw_metrics(text):
     """[(kernel name, {metric name: value text})] per profiled kernel of an ncu --csv --page raw log
     (a header row of metric names, a row of units, then a row per kernel)."""
-    rows = list(csv.reader(io.StringIO("".join(line for line in text.splitlines(True) if not line.startswith("==")))))
+    rows = list(csv.reader(csv_lines(text)))
     if not rows:
         return []
     header = rows[0]
