@@ -310,14 +310,8 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   // A step waits for its stage, then issues its products, in a turn with kTurns (the two consumers
   // alternate on the tensor cores). Every step's wgmma sequence is straight-line code (no branch
   // between issue and wait), or the compiler serializes the products.
-#ifndef FLAMIA_PROBE_NO_GEMM_TURNS
-#define FLAMIA_PROBE_NO_GEMM_TURNS 0
-#endif
-  const ConsumerTurns<kTurns && !FLAMIA_PROBE_NO_GEMM_TURNS> turns{me.consumer};
+  const ConsumerTurns<kTurns> turns{me.consumer};
   turns.open();
-  // Probe (FLAMIA_PROBE_EXPS_TURN): the loop's grouped exponentials in turns too (barriers 3, 4).
-  const ConsumerTurns<kTurns && (FLAMIA_PROBE_EXPS_TURN > 0), 3> exps_turns{me.consumer};
-  exps_turns.open();
   {  // the first item's step 0: S_0 alone
     sm.ring.wait_full(it.key_uses);
     turns.begin();
@@ -348,8 +342,8 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
       clock.stamp(timeline::kScoresReady);
       float alpha[2];
       const KeyTileStage<D>& st = stage(it.key_uses + i);
-      if constexpr (kLeanSteps) interior_softmax<D, kInteriorCodes>(p, it, st, i, s, m, l, alpha, clock, exps_turns);
-      else tile_softmax<D, kInteriorCodes, false>(p, it, st, i, s, m, l, alpha, clock, exps_turns);
+      if constexpr (kLeanSteps) interior_softmax<D, kInteriorCodes>(p, it, st, i, s, m, l, alpha, clock);
+      else tile_softmax<D, kInteriorCodes, false>(p, it, st, i, s, m, l, alpha, clock);
       clock.stamp(timeline::kSoftmaxDone);
       wgmma_wait<0>();
       fence_accumulators(o_acc);
@@ -375,7 +369,6 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
       if (lane == 0) sm.ring.arrive_empty(it.key_uses + last);
       store_item_output(p, it, o_acc, m, l);
       turns.close();
-      exps_turns.close();
       return;
     }
     sm.ring.wait_full(next.key_uses);

@@ -346,40 +346,23 @@ __device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const Ke
 //   - the V fold in the exponent (GroupFold): p~ = 2^(fmaf(S, 2^ek_g q_factor_i, (b_i - m) + e_g)),
 //     whose argument carries up to two more roundings of a few 2^-24 than s - m, and l in units of
 //     2^b_i from each group's sum of p~ times 2^-e_g.
-#ifndef FLAMIA_PROBE_EXPS_TURN
-#define FLAMIA_PROBE_EXPS_TURN 0
-#endif
-#ifndef FLAMIA_PROBE_TURN_AT_MAX
-#define FLAMIA_PROBE_TURN_AT_MAX 0
-#endif
-// -1: after the group maxima; 0..3: before group g's exponentials; 4: after them
-#ifndef FLAMIA_PROBE_RELEASE_AT
-#define FLAMIA_PROBE_RELEASE_AT 4
-#endif
-template <int D, class ExpsTurn>
+template <int D>
 __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], const KeyTileStage<D>& st,
                                                       const float (&q_factor)[2], const float (&lsum_exp)[2],
                                                       float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                                      const timeline::StepClock& clock, const ExpsTurn& exps_turn) {
+                                                      const timeline::StepClock& clock) {
   constexpr int kGroups = kTileGroups, kBlocksPerGroup = kKeyBlocks / kGroups;
   static_assert(kGroups == 4, "four groups per tile: four partial maxima per row");
-  if (FLAMIA_PROBE_TURN_AT_MAX) exps_turn.begin();
   float group_max[2][kGroups];
-#ifndef FLAMIA_PROBE_MAX_INIT
-#define FLAMIA_PROBE_MAX_INIT 0
-#endif
   for (int r = 0; r < 2; ++r)
-    for (int g = 0; g < kGroups; ++g)
-      group_max[r][g] = FLAMIA_PROBE_MAX_INIT ? s[g * kBlocksPerGroup * 4 + 2 * r] : -INFINITY;
+    for (int g = 0; g < kGroups; ++g) group_max[r][g] = -INFINITY;
 #pragma unroll
   for (int nb = 0; nb < kKeyBlocks; ++nb)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      if (FLAMIA_PROBE_MAX_INIT && nb % kBlocksPerGroup == 0 && (e & 1) == 0) continue;
       float& gm = group_max[e >> 1][nb / kBlocksPerGroup];
       gm = fmaxf(gm, s[nb * 4 + e]);
     }
-  if (FLAMIA_PROBE_RELEASE_AT == -1) exps_turn.end();
   float k_col[kGroups];  // the group's 2^ek (its first key's; all keys share it)
   float2 fold[kGroups];  // {e_g, 2^-e_g}
 #pragma unroll
@@ -401,10 +384,8 @@ __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], 
   for (int r = 0; r < 2; ++r) bias[r] = lsum_exp[r] - (m[r] == -INFINITY ? 0.f : m[r]);
 
   float part_sum[2][kGroups] = {};
-  if (!FLAMIA_PROBE_TURN_AT_MAX) exps_turn.begin();
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    if (g == FLAMIA_PROBE_RELEASE_AT) exps_turn.end();
     const float exponent_factor[2] = {k_col[g] * q_factor[0], k_col[g] * q_factor[1]};
     const float addend[2] = {bias[0] + fold[g].x, bias[1] + fold[g].x};
 #pragma unroll
@@ -413,22 +394,10 @@ __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], 
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
         float& x = s[nb * 4 + e];
-#ifndef FLAMIA_PROBE_POLY_EVERY
-#define FLAMIA_PROBE_POLY_EVERY 0
-#endif
-        constexpr int kPolyEvery = FLAMIA_PROBE_POLY_EVERY > 0 ? FLAMIA_PROBE_POLY_EVERY : 1 << 30;
-        if ((nb * 4 + e) % kPolyEvery == kPolyEvery - 1)
-          x = exp2_poly(fmaf(x, exponent_factor[r], addend[r]));
-        else
-          x = exp2_ftz(fmaf(x, exponent_factor[r], addend[r]));
-#ifndef FLAMIA_PROBE_SUM_INIT
-#define FLAMIA_PROBE_SUM_INIT 0
-#endif
-        if (FLAMIA_PROBE_SUM_INIT && nb == g * kBlocksPerGroup && (e & 1) == 0) part_sum[r][g] = x;
-        else part_sum[r][g] += x;
+        x = exp2_ftz(fmaf(x, exponent_factor[r], addend[r]));
+        part_sum[r][g] += x;
       }
   }
-  if (FLAMIA_PROBE_RELEASE_AT >= kGroups) exps_turn.end();
   for (int r = 0; r < 2; ++r)
     l[r] += fmaf(part_sum[r][0], fold[0].y, part_sum[r][1] * fold[1].y) +
             fmaf(part_sum[r][2], fold[2].y, part_sum[r][3] * fold[3].y);
@@ -483,14 +452,14 @@ __device__ __forceinline__ ItemRows item_rows(const CtaWork& w, const QueryTileI
 // leaving its P operand values in s and O's rescale factors in alpha. With kInteriorCodes the tiles
 // that read the interior codes take the grouped arithmetic, the others (the frontier's, per-token
 // codes) the per-key one.
-template <int D, bool kInteriorCodes, class ExpsTurn = ConsumerTurns<false, 3>>
+template <int D, bool kInteriorCodes>
 __device__ __forceinline__ void interior_softmax(const ForwardParams& p, const ItemRows& it,
                                                  const KeyTileStage<D>& st, int i, float (&s)[kKeyTile / 2],
                                                  float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                                 const timeline::StepClock& clock, const ExpsTurn& exps_turn = {}) {
+                                                 const timeline::StepClock& clock) {
   fence_accumulators(s);
   if (tile_grouped<kInteriorCodes>(p, i)) {
-    interior_tile_grouped(s, st, it.q_factor, it.lsum_exp, m, l, alpha, clock, exps_turn);
+    interior_tile_grouped(s, st, it.q_factor, it.lsum_exp, m, l, alpha, clock);
   } else {
     float lsum_pow[2];
     lsum_units(it, lsum_pow);
@@ -503,14 +472,13 @@ __device__ __forceinline__ void interior_softmax(const ForwardParams& p, const I
 // (causal; its keys start at the item's first row) or the document's last (not causal), and every
 // tile i >= 1 lies inside the document and, causal, before the item's first row, so the tile loop
 // may run interior_softmax alone (forward.cu's consume_items' kLeanSteps).
-template <int D, bool kInteriorCodes, bool kSkipUnseenSpans, class ExpsTurn = ConsumerTurns<false, 3>>
+template <int D, bool kInteriorCodes, bool kSkipUnseenSpans>
 __device__ __forceinline__ void tile_softmax(const ForwardParams& p, const ItemRows& it, const KeyTileStage<D>& st,
                                              int i, float (&s)[kKeyTile / 2], float (&m)[2], float (&l)[2],
-                                             float (&alpha)[2], const timeline::StepClock& clock,
-                                             const ExpsTurn& exps_turn = {}) {
+                                             float (&alpha)[2], const timeline::StepClock& clock) {
   const int k0 = key_tile_start(it.w, i);
   if (k0 + kKeyTile <= it.w.len && (!p.causal || k0 + kKeyTile - 1 <= it.w.q0)) {
-    interior_softmax<D, kInteriorCodes>(p, it, st, i, s, m, l, alpha, clock, exps_turn);
+    interior_softmax<D, kInteriorCodes>(p, it, st, i, s, m, l, alpha, clock);
     return;
   }
   fence_accumulators(s);

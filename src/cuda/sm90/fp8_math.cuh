@@ -54,22 +54,6 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// Probe: 2^x on the FMA pipe (Cody-Waite: x = n + f, |f| <= 1/2, 2^f by a degree-5 polynomial,
-// relative error 2.2e-7; n added to the exponent bits). x is clamped to -126 (max.NaN keeps NaN), so
-// results below 2^-126 come out as ~2^-126 instead of 0 (harmless where exp2_ftz's flush is).
-__device__ __forceinline__ float exp2_poly(float x) {
-  x = nan_max(x, -126.f);
-  const float t = x + 12582912.f;  // 1.5 2^23: n = round(x) in t's low mantissa bits
-  const float f = x - (t - 12582912.f);
-  float p = 0.0013266970636323094f;
-  p = fmaf(p, f, 0.009675459936261177f);
-  p = fmaf(p, f, 0.05550742521882057f);
-  p = fmaf(p, f, 0.24022121727466583f);
-  p = fmaf(p, f, 0.6931469440460205f);
-  p = fmaf(p, f, 1.0000001192092896f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-
 using cuda::decode_e4m3x2;
 using cuda::pack_e4m3x2;
 
