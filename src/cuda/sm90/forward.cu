@@ -12,7 +12,8 @@
 // "empty" when both consumers are done. Each consumer overlaps its softmax with the tensor cores:
 // in step i it issues S_i = Q.K_i and O += P~_{i-1}.V_{i-1} together, and computes the softmax of
 // S_i while the second product runs (FA3's intra-warpgroup overlap); with the grouped arithmetic on
-// long documents the two consumers take turns at issuing (FA3's ping-pong: tma.cuh's ConsumerTurns).
+// long documents the two consumers take turns at issuing (FA3's ping-pong: tma.cuh's ConsumerTurns),
+// and at the tile loop's softmax.
 // It implements the emulation's numerics as docs/NUMERICS.md states them. In prefix isolation with
 // block32 geometry (the kInteriorCodes instances) the tiles kFrontierTiles or more before the
 // diagonal one read K's and V's block32 codes and take the grouped arithmetic, the others their
@@ -54,6 +55,9 @@ using namespace forward_tile;
 constexpr int kStages = 5;  // tile i's K and V, tile i-1's V (still in P.V), tiles i+1.. landing
 constexpr int kQueryBuffers = 2;  // item n's Q tile in buffer n % 2: item n + 1's loads while n runs
 constexpr int kProducerLanes = 32;   // the Q ring's producer warp (the publisher)
+// Named barriers: 0 is __syncthreads', ConsumerTurns' default pair 1, 2 the products' turns, and
+// this pair (3, 4) the softmax turns of consume_items.
+constexpr int kSoftmaxTurnBarrier = 3;
 
 template <int D>
 struct SharedTiles {
@@ -311,7 +315,14 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   // alternate on the tensor cores). Every step's wgmma sequence is straight-line code (no branch
   // between issue and wait), or the compiler serializes the products.
   const ConsumerTurns<kTurns> turns{me.consumer};
+  // With turns, the consumers take turns at the loop's softmax as well (max and exponentials: one
+  // warp's chain, which paces the step, then the other's), while the products of either are issued
+  // in their own turns. Left to overlap, the two chains slowed each other on the shared issue slots
+  // and pipes; in turns the forward kernel measured -1.6% at 4x16384, -2.4% at 16x4096, -1.7% at
+  // 8x8192 (session 41; the exponentials alone in turns were 3% slower, docs/LEVERS.md).
+  const ConsumerTurns<kTurns, kSoftmaxTurnBarrier> softmax_turns{me.consumer};
   turns.open();
+  softmax_turns.open();
   {  // the first item's step 0: S_0 alone
     sm.ring.wait_full(it.key_uses);
     turns.begin();
@@ -342,8 +353,10 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
       clock.stamp(timeline::kScoresReady);
       float alpha[2];
       const KeyTileStage<D>& st = stage(it.key_uses + i);
+      softmax_turns.begin();
       if constexpr (kLeanSteps) interior_softmax<D, kInteriorCodes>(p, it, st, i, s, m, l, alpha, clock);
       else tile_softmax<D, kInteriorCodes, false>(p, it, st, i, s, m, l, alpha, clock);
+      softmax_turns.end();
       clock.stamp(timeline::kSoftmaxDone);
       wgmma_wait<0>();
       fence_accumulators(o_acc);
@@ -369,6 +382,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
       if (lane == 0) sm.ring.arrive_empty(it.key_uses + last);
       store_item_output(p, it, o_acc, m, l);
       turns.close();
+      softmax_turns.close();
       return;
     }
     sm.ring.wait_full(next.key_uses);

@@ -353,13 +353,20 @@ __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], 
                                                       const timeline::StepClock& clock) {
   constexpr int kGroups = kTileGroups, kBlocksPerGroup = kKeyBlocks / kGroups;
   static_assert(kGroups == 4, "four groups per tile: four partial maxima per row");
+  // Each chain (a row's group max here, its group sum below) starts from the group's first element of
+  // the row, not from -inf or 0: 16 instructions fewer per tile on the step's critical path (with
+  // the softmax turns, forward.cu: forward kernel -2.3% at 4x16384, session 41). Bitwise the same
+  // values: fmaxf drops a NaN operand either way, and 0 + p = p (a row whose every score is NaN
+  // gets a NaN max instead of -inf, and NaN outputs either way).
+  auto first_of_group = [](int nb, int e) { return nb % kBlocksPerGroup == 0 && (e & 1) == 0; };
   float group_max[2][kGroups];
   for (int r = 0; r < 2; ++r)
-    for (int g = 0; g < kGroups; ++g) group_max[r][g] = -INFINITY;
+    for (int g = 0; g < kGroups; ++g) group_max[r][g] = s[g * kBlocksPerGroup * 4 + 2 * r];
 #pragma unroll
   for (int nb = 0; nb < kKeyBlocks; ++nb)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
+      if (first_of_group(nb, e)) continue;
       float& gm = group_max[e >> 1][nb / kBlocksPerGroup];
       gm = fmaxf(gm, s[nb * 4 + e]);
     }
@@ -383,7 +390,7 @@ __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], 
   // b_i - m, with -m taken as 0 where every score so far overflowed to -inf (p = 0 then, not NaN).
   for (int r = 0; r < 2; ++r) bias[r] = lsum_exp[r] - (m[r] == -INFINITY ? 0.f : m[r]);
 
-  float part_sum[2][kGroups] = {};
+  float part_sum[2][kGroups];
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     const float exponent_factor[2] = {k_col[g] * q_factor[0], k_col[g] * q_factor[1]};
@@ -395,7 +402,7 @@ __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], 
         const int r = e >> 1;
         float& x = s[nb * 4 + e];
         x = exp2_ftz(fmaf(x, exponent_factor[r], addend[r]));
-        part_sum[r][g] += x;
+        part_sum[r][g] = first_of_group(nb, e) ? x : part_sum[r][g] + x;
       }
   }
   for (int r = 0; r < 2; ++r)

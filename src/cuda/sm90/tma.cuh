@@ -105,8 +105,9 @@ struct StageRing {
 // queue on the tensor cores as consumer 0's, 1's, 0's, ... and one warpgroup's arithmetic (the
 // softmax, U) runs while the other's products do; left alone, the two can drift into step, compute
 // at once on shared issue slots and leave the tensor cores idle meanwhile (FA3's reasoning; turns
-// gained 1-3% here). A turn is begin() .. end() around the issue of one step's products; both
-// consumers take the same turns, between open() and close(). Consumer 0 goes first: consumer 1
+// gained 1-3% here). A turn is begin() .. end() around the issue of one step's products (or another
+// stretch of a step: the forward's softmax, on its own pair of barriers); both consumers take the
+// same turns, between open() and close(). Consumer 0 goes first: consumer 1
 // opens with one arrival on consumer 0's barrier, which consumer 0 takes back when it closes, so
 // that no arrival is left pending when the CTA exits.
 // Named barriers kFirstBarrier + c (c = 0, 1: barriers 1 and 2 by default; barrier 0 is
