@@ -315,11 +315,12 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   // alternate on the tensor cores). Every step's wgmma sequence is straight-line code (no branch
   // between issue and wait), or the compiler serializes the products.
   const ConsumerTurns<kTurns> turns{me.consumer};
-  // With turns, the consumers take turns at the loop's softmax as well (max and exponentials: one
-  // warp's chain, which paces the step, then the other's), while the products of either are issued
-  // in their own turns. Left to overlap, the two chains slowed each other on the shared issue slots
-  // and pipes; in turns the forward kernel measured -1.6% at 4x16384, -2.4% at 16x4096, -1.7% at
-  // 8x8192 (session 41; the exponentials alone in turns were 3% slower, docs/LEVERS.md).
+  // With turns, the consumers take turns at the loop's grouped softmax as well (interior_tile_grouped:
+  // max and exponentials, one warp's chain, which paces the step, then the other's), while the
+  // products of either are issued in their own turns. Left to overlap, the two chains slowed each
+  // other on the shared issue slots and pipes; in turns the forward kernel measured -1.6% at
+  // 4x16384, -2.4% at 16x4096, -1.7% at 8x8192 (session 41: the exponentials alone in turns were 3%
+  // slower, and the same turn taken here around the whole tile_softmax call 15% slower; LEVERS.md).
   const ConsumerTurns<kTurns, kSoftmaxTurnBarrier> softmax_turns{me.consumer};
   turns.open();
   softmax_turns.open();
@@ -353,10 +354,8 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
       clock.stamp(timeline::kScoresReady);
       float alpha[2];
       const KeyTileStage<D>& st = stage(it.key_uses + i);
-      softmax_turns.begin();
-      if constexpr (kLeanSteps) interior_softmax<D, kInteriorCodes>(p, it, st, i, s, m, l, alpha, clock);
-      else tile_softmax<D, kInteriorCodes, false>(p, it, st, i, s, m, l, alpha, clock);
-      softmax_turns.end();
+      if constexpr (kLeanSteps) interior_softmax<D, kInteriorCodes>(p, it, st, i, s, m, l, alpha, clock, softmax_turns);
+      else tile_softmax<D, kInteriorCodes, false>(p, it, st, i, s, m, l, alpha, clock, softmax_turns);
       clock.stamp(timeline::kSoftmaxDone);
       wgmma_wait<0>();
       fence_accumulators(o_acc);

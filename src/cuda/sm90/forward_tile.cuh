@@ -346,13 +346,16 @@ __device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const Ke
 //   - the V fold in the exponent (GroupFold): p~ = 2^(fmaf(S, 2^ek_g q_factor_i, (b_i - m) + e_g)),
 //     whose argument carries up to two more roundings of a few 2^-24 than s - m, and l in units of
 //     2^b_i from each group's sum of p~ times 2^-e_g.
-template <int D>
+// `turn`: the consumers' softmax turns (forward.cu's consume_items), taken from the max to the last
+// exponential.
+template <int D, class Turn>
 __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], const KeyTileStage<D>& st,
                                                       const float (&q_factor)[2], const float (&lsum_exp)[2],
                                                       float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                                      const timeline::StepClock& clock) {
+                                                      const timeline::StepClock& clock, const Turn& turn) {
   constexpr int kGroups = kTileGroups, kBlocksPerGroup = kKeyBlocks / kGroups;
   static_assert(kGroups == 4, "four groups per tile: four partial maxima per row");
+  turn.begin();
   // Each chain (a row's group max here, its group sum below) starts from the group's first element of
   // the row, not from -inf or 0: 16 instructions fewer per tile on the step's critical path (with
   // the softmax turns, forward.cu: forward kernel -2.3% at 4x16384, session 41). Bitwise the same
@@ -405,6 +408,7 @@ __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], 
         part_sum[r][g] = first_of_group(nb, e) ? x : part_sum[r][g] + x;
       }
   }
+  turn.end();
   for (int r = 0; r < 2; ++r)
     l[r] += fmaf(part_sum[r][0], fold[0].y, part_sum[r][1] * fold[1].y) +
             fmaf(part_sum[r][2], fold[2].y, part_sum[r][3] * fold[3].y);
@@ -459,14 +463,17 @@ __device__ __forceinline__ ItemRows item_rows(const CtaWork& w, const QueryTileI
 // leaving its P operand values in s and O's rescale factors in alpha. With kInteriorCodes the tiles
 // that read the interior codes take the grouped arithmetic, the others (the frontier's, per-token
 // codes) the per-key one.
-template <int D, bool kInteriorCodes>
+// `turn`: the consumers' softmax turns of the tile loop, which the grouped path takes (a no-op
+// ConsumerTurns elsewhere).
+using NoTurn = ConsumerTurns<false>;
+template <int D, bool kInteriorCodes, class Turn = NoTurn>
 __device__ __forceinline__ void interior_softmax(const ForwardParams& p, const ItemRows& it,
                                                  const KeyTileStage<D>& st, int i, float (&s)[kKeyTile / 2],
                                                  float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                                 const timeline::StepClock& clock) {
+                                                 const timeline::StepClock& clock, const Turn& turn = {}) {
   fence_accumulators(s);
   if (tile_grouped<kInteriorCodes>(p, i)) {
-    interior_tile_grouped(s, st, it.q_factor, it.lsum_exp, m, l, alpha, clock);
+    interior_tile_grouped(s, st, it.q_factor, it.lsum_exp, m, l, alpha, clock, turn);
   } else {
     float lsum_pow[2];
     lsum_units(it, lsum_pow);
@@ -479,13 +486,14 @@ __device__ __forceinline__ void interior_softmax(const ForwardParams& p, const I
 // (causal; its keys start at the item's first row) or the document's last (not causal), and every
 // tile i >= 1 lies inside the document and, causal, before the item's first row, so the tile loop
 // may run interior_softmax alone (forward.cu's consume_items' kLeanSteps).
-template <int D, bool kInteriorCodes, bool kSkipUnseenSpans>
+template <int D, bool kInteriorCodes, bool kSkipUnseenSpans, class Turn = NoTurn>
 __device__ __forceinline__ void tile_softmax(const ForwardParams& p, const ItemRows& it, const KeyTileStage<D>& st,
                                              int i, float (&s)[kKeyTile / 2], float (&m)[2], float (&l)[2],
-                                             float (&alpha)[2], const timeline::StepClock& clock) {
+                                             float (&alpha)[2], const timeline::StepClock& clock,
+                                             const Turn& turn = {}) {
   const int k0 = key_tile_start(it.w, i);
   if (k0 + kKeyTile <= it.w.len && (!p.causal || k0 + kKeyTile - 1 <= it.w.q0)) {
-    interior_softmax<D, kInteriorCodes>(p, it, st, i, s, m, l, alpha, clock);
+    interior_softmax<D, kInteriorCodes>(p, it, st, i, s, m, l, alpha, clock, turn);
     return;
   }
   fence_accumulators(s);
