@@ -355,21 +355,7 @@ __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], 
                                                       const timeline::StepClock& clock, const Turn& turn) {
   constexpr int kGroups = kTileGroups, kBlocksPerGroup = kKeyBlocks / kGroups;
   static_assert(kGroups == 4, "four groups per tile: four partial maxima per row");
-  // Prepared probes (session 41, not measured): MB the turn taken after the group maxima; AA alpha and
-  // l's rescale after the turn; AF alpha by exp2_ftz; SA the addend as (b_i + e_g) - m.
-#ifndef FLAMIA_PROBE_MB
-#define FLAMIA_PROBE_MB 0
-#endif
-#ifndef FLAMIA_PROBE_AA
-#define FLAMIA_PROBE_AA 0
-#endif
-#ifndef FLAMIA_PROBE_AF
-#define FLAMIA_PROBE_AF 0
-#endif
-#ifndef FLAMIA_PROBE_SA
-#define FLAMIA_PROBE_SA 0
-#endif
-  if (!FLAMIA_PROBE_MB) turn.begin();
+  turn.begin();
   // Each chain (a row's group max here, its group sum below) starts from the group's first element of
   // the row, not from -inf or 0: 16 instructions fewer per tile on the step's critical path (with
   // the softmax turns, forward.cu: forward kernel -2.3% at 4x16384, session 41). Bitwise the same
@@ -387,7 +373,6 @@ __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], 
       float& gm = group_max[e >> 1][nb / kBlocksPerGroup];
       gm = fmaxf(gm, s[nb * 4 + e]);
     }
-  if (FLAMIA_PROBE_MB) turn.begin();
   float k_col[kGroups];  // the group's 2^ek (its first key's; all keys share it)
   float2 fold[kGroups];  // {e_g, 2^-e_g}
 #pragma unroll
@@ -403,31 +388,16 @@ __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], 
     tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
     tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2)) * q_factor[r];
   }
-  float m_old[2] = {m[0], m[1]};
-  if (FLAMIA_PROBE_AA || FLAMIA_PROBE_AF) {
-    for (int r = 0; r < 2; ++r) m[r] = nan_max(m[r], tile_max[r]);
-  } else {
-    update_running_max(tile_max, m, l, alpha);
-  }
+  update_running_max(tile_max, m, l, alpha);
   clock.stamp(timeline::kMaxUpdated);
   // b_i - m, with -m taken as 0 where every score so far overflowed to -inf (p = 0 then, not NaN).
   for (int r = 0; r < 2; ++r) bias[r] = lsum_exp[r] - (m[r] == -INFINITY ? 0.f : m[r]);
-  auto late_alpha = [&] {
-    for (int r = 0; r < 2; ++r) {
-      alpha[r] = m_old[r] == -INFINITY ? (m[r] == -INFINITY ? 1.f : 0.f)
-                                       : (FLAMIA_PROBE_AF ? exp2_ftz(m_old[r] - m[r]) : exp2f(m_old[r] - m[r]));
-      l[r] *= alpha[r];
-    }
-  };
-  if (FLAMIA_PROBE_AF && !FLAMIA_PROBE_AA) late_alpha();
 
   float part_sum[2][kGroups];
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     const float exponent_factor[2] = {k_col[g] * q_factor[0], k_col[g] * q_factor[1]};
-    const float addend[2] = {
-        FLAMIA_PROBE_SA ? (lsum_exp[0] + fold[g].x) - (m[0] == -INFINITY ? 0.f : m[0]) : bias[0] + fold[g].x,
-        FLAMIA_PROBE_SA ? (lsum_exp[1] + fold[g].x) - (m[1] == -INFINITY ? 0.f : m[1]) : bias[1] + fold[g].x};
+    const float addend[2] = {bias[0] + fold[g].x, bias[1] + fold[g].x};
 #pragma unroll
     for (int nb = g * kBlocksPerGroup; nb < (g + 1) * kBlocksPerGroup; ++nb)
 #pragma unroll
@@ -439,7 +409,6 @@ __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], 
       }
   }
   turn.end();
-  if (FLAMIA_PROBE_AA) late_alpha();
   for (int r = 0; r < 2; ++r)
     l[r] += fmaf(part_sum[r][0], fold[0].y, part_sum[r][1] * fold[1].y) +
             fmaf(part_sum[r][2], fold[2].y, part_sum[r][3] * fold[3].y);
