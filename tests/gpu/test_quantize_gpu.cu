@@ -683,7 +683,7 @@ TEST_F(Gpu, PrefixMaxOfRandomScales) {
   std::vector<int> lengths = kLengths;
   lengths.insert(lengths.begin() + 3, 0);
   const Documents docs = Documents::from_lengths(lengths);
-  for (int heads : {1, 4, 16}) {
+  for (int heads : {1, 4, 12, 16}) {
     SCOPED_TRACE("heads " + std::to_string(heads));
     std::mt19937_64 rng{uint64_t(heads)};
     std::vector<uint8_t> scales(size_t(docs.total_tokens()) * heads);

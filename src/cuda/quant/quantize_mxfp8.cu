@@ -332,27 +332,34 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems, kSecond))
   }
 }
 
-// One CTA per (chunk of kScanChunk positions of a document, head; the chunk slots of
-// core/document_slots.h), or per (document, head) when every document fits one chunk (`chunked`
-// false: no document search): an inclusive max-scan over the chunk's tokens in steps of kThreads,
-// carrying the running max from step to step, and into the chunk the max of the document's tokens
-// before it (each thread reads every kThreads-th of them). UE8M0 bytes order like their exponents
-// and the NaN code 0xFF is the largest byte, so the byte max is the NaN-propagating max of the
-// exponents (starting from 0x00, the smallest exponent, which any first token's scale dominates).
+// One CTA per (chunk of kScanChunk positions of a document, head column; the chunk slots of
+// core/document_slots.h), or per (document, head column) when every document fits one chunk
+// (`chunked` false: no document search): an inclusive max-scan over the chunk's tokens in steps of
+// kThreads, carrying the running max from step to step, and into the chunk the max of the
+// document's tokens before it (each thread reads every kThreads-th of them). UE8M0 bytes order like
+// their exponents and the NaN code 0xFF is the largest byte, so the byte max is the NaN-propagating
+// max of the exponents (starting from 0x00, the smallest exponent, which any first token's scale
+// dominates).
 // Chunks, not one CTA per document: a CTA walks its tokens one step after another, so a 65536-token
 // document took 256 dependent steps on 16 CTAs (0.2 ms per launch, session 26); its last chunk now
 // reads the bytes before it 16 loads in flight per thread. Documents that fit one chunk skip the
 // search: with it, tiny-unaligned's 278 documents took 17 us per launch instead of 10.
+// A head column is one head's byte, or with kFourHeads (heads % 4 == 0) four heads' bytes as one
+// word, scanned with the byte-wise max (__vmaxu4): a quarter of the CTAs and loads (session 42).
 constexpr int kScanChunk = 4 * kThreads;
+template <bool kFourHeads>
 __global__ void __launch_bounds__(kThreads)
     prefix_max_scales_kernel(const uint8_t* __restrict__ scales, int total_tokens, int heads,
                              const int32_t* __restrict__ cu_seqlens, int num_docs, bool chunked,
                              uint8_t* __restrict__ prefix_max) {
   static_assert(formats::kUe8m0NaN == 0xFF, "NaN must be the largest UE8M0 byte");
+  using Column = std::conditional_t<kFourHeads, uint32_t, uint8_t>;  // a token's bytes of the CTA's heads
   __shared__ uint32_t warp_total[kThreads / 32];
   __shared__ uint32_t block_total;
-  const int h = blockIdx.y;
-  const auto byte_max = [](uint32_t a, uint32_t b) { return max(a, b); };
+  const int column = blockIdx.y, columns = heads / int(sizeof(Column));
+  const Column* const in = reinterpret_cast<const Column*>(scales);
+  Column* const out = reinterpret_cast<Column*>(prefix_max);
+  const auto column_max = [](uint32_t a, uint32_t b) { return kFourHeads ? __vmaxu4(a, b) : max(a, b); };
   // The last thread's value of a block_inclusive_scan, for every thread (the scan's total).
   const auto scan_total = [&](uint32_t v) {
     __syncthreads();  // every thread has read warp_total
@@ -372,16 +379,15 @@ __global__ void __launch_bounds__(kThreads)
       uint32_t before = 0;  // this thread's share of the positions [0, c0)
 #pragma unroll 16
       for (int p = int(threadIdx.x); p < c0; p += kThreads)
-        before = max(before, uint32_t(__ldg(scales + int64_t(d.begin + p) * heads + h)));
-      carry = scan_total(block_inclusive_scan<kThreads>(before, 0u, byte_max, warp_total));
+        before = column_max(before, uint32_t(__ldg(in + int64_t(d.begin + p) * columns + column)));
+      carry = scan_total(block_inclusive_scan<kThreads>(before, 0u, column_max, warp_total));
     }
     for (int p0 = c0; p0 < c1; p0 += kThreads) {
       const int p = p0 + int(threadIdx.x);
-      const int64_t at = int64_t(d.begin + p) * heads + h;
-      const uint32_t v = max(block_inclusive_scan<kThreads>(p < c1 ? uint32_t(__ldg(scales + at)) : 0u, 0u,
-                                                            byte_max, warp_total),
-                             carry);
-      if (p < c1) prefix_max[at] = uint8_t(v);
+      const int64_t at = int64_t(d.begin + p) * columns + column;
+      const uint32_t v = column_max(
+          block_inclusive_scan<kThreads>(p < c1 ? uint32_t(__ldg(in + at)) : 0u, 0u, column_max, warp_total), carry);
+      if (p < c1) out[at] = Column(v);
       carry = scan_total(v);  // the step's max, passed on
     }
   }
@@ -446,9 +452,16 @@ cudaError_t launch_prefix_max_scales(const uint8_t* scales, int total_tokens, in
   constexpr int64_t kMaxBlocks = 1 << 20;  // blocks loop over the remaining slots
   const bool chunked = max_doc_len > kScanChunk;
   const int64_t work_slots = chunked ? slots::slot_count(total_tokens, num_docs, kScanChunk) : num_docs;
-  const dim3 grid(unsigned(work_slots < kMaxBlocks ? work_slots : kMaxBlocks), unsigned(heads));
-  prefix_max_scales_kernel<<<grid, kThreads, 0, stream>>>(scales, total_tokens, heads, cu_seqlens, num_docs, chunked,
-                                                          prefix_max);
+  const bool four_heads = heads % 4 == 0 && reinterpret_cast<uintptr_t>(scales) % 4 == 0 &&
+                          reinterpret_cast<uintptr_t>(prefix_max) % 4 == 0;
+  const dim3 grid(unsigned(work_slots < kMaxBlocks ? work_slots : kMaxBlocks),
+                  unsigned(four_heads ? heads / 4 : heads));
+  if (four_heads)
+    prefix_max_scales_kernel<true><<<grid, kThreads, 0, stream>>>(scales, total_tokens, heads, cu_seqlens, num_docs,
+                                                                  chunked, prefix_max);
+  else
+    prefix_max_scales_kernel<false><<<grid, kThreads, 0, stream>>>(scales, total_tokens, heads, cu_seqlens, num_docs,
+                                                                   chunked, prefix_max);
   return cudaGetLastError();
 }
 

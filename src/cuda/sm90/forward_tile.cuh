@@ -146,6 +146,12 @@ __device__ __forceinline__ RowConstants row_constants(const ForwardParams& p, co
   return c;
 }
 
+// alpha = 2^(m_old - m_new) by `exp2`, O's and l's factor when the running max moves from m_old
+// to m_new. A row with nothing visible yet keeps m = -inf; its p are all 0.
+template <class Exp2>
+__device__ __forceinline__ float rescale_factor(float m_old, float m_new, Exp2 exp2) {
+  return m_old == -INFINITY ? (m_new == -INFINITY ? 1.f : 0.f) : exp2(m_old - m_new);
+}
 // The online-softmax update of a tile with row maxima tile_max (already over the quad): new
 // running max and l; alpha = 2^(m - m') is what O must be multiplied by once the product that is
 // still adding the previous tile into it has finished (rescale_output).
@@ -154,8 +160,7 @@ __device__ __forceinline__ void update_running_max(const float (&tile_max)[2], f
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float m_new = nan_max(m[r], tile_max[r]);
-    // A row with nothing visible yet keeps m = -inf; its p are all 0.
-    alpha[r] = m[r] == -INFINITY ? (m_new == -INFINITY ? 1.f : 0.f) : exp2f(m[r] - m_new);
+    alpha[r] = rescale_factor(m[r], m_new, [](float x) { return exp2f(x); });
     l[r] *= alpha[r];
     m[r] = m_new;
   }
@@ -388,10 +393,19 @@ __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], 
     tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
     tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2)) * q_factor[r];
   }
-  update_running_max(tile_max, m, l, alpha);
+  // The running max first, the exponentials' addends from it, then alpha (by exp2_ftz, off the
+  // exponentials' path): forward kernel -1 to -2.7% on the long rows (session 42, probe AF), bitwise
+  // the same outputs. An alpha below 2^-126 flushed to 0 drops the earlier keys' weights, each below
+  // 2^-126 of the new max key's 1, as the exponentials' own flush does.
+  const float m_old[2] = {m[0], m[1]};
+  for (int r = 0; r < 2; ++r) m[r] = nan_max(m[r], tile_max[r]);
   clock.stamp(timeline::kMaxUpdated);
   // b_i - m, with -m taken as 0 where every score so far overflowed to -inf (p = 0 then, not NaN).
   for (int r = 0; r < 2; ++r) bias[r] = lsum_exp[r] - (m[r] == -INFINITY ? 0.f : m[r]);
+  for (int r = 0; r < 2; ++r) {
+    alpha[r] = rescale_factor(m_old[r], m[r], [](float x) { return exp2_ftz(x); });
+    l[r] *= alpha[r];
+  }
 
   float part_sum[2][kGroups];
 #pragma unroll
