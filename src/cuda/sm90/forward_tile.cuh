@@ -160,11 +160,7 @@ __device__ __forceinline__ void update_running_max(const float (&tile_max)[2], f
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float m_new = nan_max(m[r], tile_max[r]);
-#ifndef FLAMIA_PROBE_AFALL
-#define FLAMIA_PROBE_AFALL 0
-#endif
-    // probe AFALL: every path's alpha by exp2_ftz
-    alpha[r] = rescale_factor(m[r], m_new, [](float x) { return FLAMIA_PROBE_AFALL ? exp2_ftz(x) : exp2f(x); });
+    alpha[r] = rescale_factor(m[r], m_new, [](float x) { return exp2f(x); });
     l[r] *= alpha[r];
     m[r] = m_new;
   }
@@ -173,17 +169,7 @@ __device__ __forceinline__ void update_running_max(const float (&tile_max)[2], f
 // once the max has settled.
 template <int N>
 __device__ __forceinline__ void rescale_output(float (&o_acc)[N], const float (&alpha)[2]) {
-#ifndef FLAMIA_PROBE_RS2
-#define FLAMIA_PROBE_RS2 0
-#endif
-  if (FLAMIA_PROBE_RS2) {  // probe: a vote per row half (rows g and g + 8 of the warp's 16)
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      if (__any_sync(0xffffffffu, alpha[r] != 1.f))
-#pragma unroll
-        for (int i = 0; i < N; ++i)
-          if (((i >> 1) & 1) == r) o_acc[i] *= alpha[r];
-  } else if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) scale_rows(o_acc, alpha);
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) scale_rows(o_acc, alpha);
 }
 
 // Both tile paths take 2^x as exp2_ftz: a p below 2^-126, times a fold factor of at most 2^boost,
