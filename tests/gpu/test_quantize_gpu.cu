@@ -540,9 +540,11 @@ TEST_F(Gpu, MalformedCuSeqlensStayInBounds) {
     CUDA_CHECK(cuda::launch_quantize_mxfp8(x.get(), int64_t(H) * D, D, T, H, D, dcu.get(), num_docs, g,
                                            ScaleRule::kCeil, codes.get() + kGuard, nullptr, scales.get() + kGuard, nullptr));
   }
-  for (int max_doc_len : {1, std::numeric_limits<int>::max()})  // both grids: per document, per chunk
-    CUDA_CHECK(cuda::launch_prefix_max_scales(scales.get() + kGuard, T, H, dcu.get(), num_docs, max_doc_len,
-                                              prefix.get() + kGuard, nullptr));
+  // The scan per head byte (H) and per four-head word (the same bytes as T * H / 4 tokens of 4 heads).
+  for (int heads : {H, 4})
+    for (int max_doc_len : {1, std::numeric_limits<int>::max()})  // both grids: per document, per chunk
+      CUDA_CHECK(cuda::launch_prefix_max_scales(scales.get() + kGuard, T * H / heads, heads, dcu.get(), num_docs,
+                                                max_doc_len, prefix.get() + kGuard, nullptr));
   CUDA_CHECK(cudaDeviceSynchronize());
   for (const auto* buf : {&codes, &scales, &prefix}) {
     const std::vector<uint8_t> host = buf->download();
