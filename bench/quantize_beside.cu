@@ -149,7 +149,7 @@ Loop loop_for(double seconds, cudaStream_t stream, const Nvml& nvml, Step step) 
   CHECK(cudaEventRecord(start, stream));
   long steps = 0;
   for (double elapsed = 0; elapsed < seconds;) {
-    for (int i = 0; i < 10; ++i, ++steps) step();
+    for (int i = 0; i < 50; ++i, ++steps) step();  // a batch, then one host sync (a gap of ~10 us)
     CHECK(cudaStreamSynchronize(stream));
     elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
