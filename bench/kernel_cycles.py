@@ -143,8 +143,7 @@ def section_metrics(text):
 
 
 def sections_table(paths):
-    return metrics_table([(kernel_label(path, name), metrics) for path in paths
-                          for name, metrics in section_metrics(pathlib.Path(path).read_text())], SECTION_ROWS)
+    return kernels_table(paths, section_metrics, SECTION_ROWS)
 
 
 # What `run --stalls` collects of each attention kernel (`ncu --page raw`, its metric names): where
@@ -176,7 +175,8 @@ def raw_metrics(text):
     if not rows:
         return []
     header = rows[0]
-    return [(r[header.index("Kernel Name")], dict(zip(header, r))) for r in rows[2:] if len(r) == len(header)]
+    name = header.index("Kernel Name")
+    return [(r[name], dict(zip(header, r))) for r in rows[2:] if len(r) == len(header)]
 
 
 def metrics_table(columns, rows):
@@ -194,8 +194,13 @@ def kernel_label(path, name):
 
 
 def stalls_table(paths):
+    return kernels_table(paths, raw_metrics, STALL_ROWS)
+
+
+def kernels_table(paths, read, rows):
+    """metrics_table with a column per kernel of each log, read(text) -> [(kernel name, metrics)]."""
     return metrics_table([(kernel_label(path, name), metrics) for path in paths
-                          for name, metrics in raw_metrics(pathlib.Path(path).read_text())], STALL_ROWS)
+                          for name, metrics in read(pathlib.Path(path).read_text())], rows)
 
 
 def ncu(path, extra, workload, impl):

@@ -13,16 +13,9 @@
 #include <cstdio>
 #include <cstdlib>
 
-namespace {
+#include "cuda_check.h"
 
-#define CHECK(call)                                                                     \
-  do {                                                                                  \
-    const cudaError_t err_ = (call);                                                    \
-    if (err_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(err_));         \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
+namespace {
 
 enum class Mix { kExp2, kFma, kSoftmax };
 constexpr int kChains = 8;

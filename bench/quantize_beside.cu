@@ -30,18 +30,10 @@
 #include "capi/cuda_call.h"
 #include "capi/validate.h"
 #include "core/operand_layout.h"
+#include "cuda_check.h"
 #include "flamia/flamia.h"
 
 namespace {
-
-#define CHECK(call)                                                             \
-  do {                                                                          \
-    const cudaError_t err_ = (call);                                            \
-    if (err_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(err_)); \
-      std::exit(1);                                                             \
-    }                                                                           \
-  } while (0)
 
 // NVML through dlopen (the driver's libnvidia-ml.so.1; no header needed): the board's energy
 // counter (mJ) and the SM clock, as bench/gpu_monitor.py reads them. Absent: no power column.
