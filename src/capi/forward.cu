@@ -38,17 +38,27 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
     return e;
   if (CallError e = check_device(); !e.ok()) return e;
 
-  // validate_forward bounds T * H * D by 2^31 - 1, so every extent fits an int.
-  const int T = int(q->tokens), Hkv = int(k->heads);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint8_t* const base = static_cast<uint8_t*>(workspace);
-  auto region = [base](const WorkspaceRegion& r) { return region_pointer(base, r); };
 
   const QkvCodePointers qkv =
       saving ? qkv_code_pointers(static_cast<uint8_t*>(saved_codes), saved) : qkv_code_pointers(base, ws);
   if (CallError e = quantize_qkv(*q, *k, *v, *docs, numerics, qkv, s); !e.ok()) return e;
-  if (const cudaError_t err = cuda::launch_prefix_max_scales(qkv.v_scales, T, Hkv, docs->cu_seqlens, docs->num_docs,
-                                                             docs->max_seqlen, region(ws.v_fold_ref), s);
+  return attend_codes(*q, *k, *docs, *options, numerics, qkv,
+                      saving ? interior_scales_shift(saved) : interior_scales_shift(ws), base, ws, o, lse, s);
+}
+
+}  // namespace
+
+CallError attend_codes(const flamia_tensor& q, const flamia_tensor& k, const flamia_documents& docs,
+                       const flamia_options& options, const NumericsOptions& numerics, const QkvCodePointers& qkv,
+                       int64_t interior_scales_shift, uint8_t* workspace, const ForwardWorkspace& ws, flamia_tensor* o,
+                       float* lse, cudaStream_t s) {
+  // validate_forward bounds T * H * D by 2^31 - 1, so every extent fits an int.
+  const int T = int(q.tokens), Hkv = int(k.heads);
+  auto region = [workspace](const WorkspaceRegion& r) { return region_pointer(workspace, r); };
+  if (const cudaError_t err = cuda::launch_prefix_max_scales(qkv.v_scales, T, Hkv, docs.cu_seqlens, docs.num_docs,
+                                                             docs.max_seqlen, region(ws.v_fold_ref), s);
       err != cudaSuccess)
     return cuda_error("the V fold reference (launch_prefix_max_scales)", err);
 
@@ -58,26 +68,25 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   p.k_codes = qkv.k_codes;
   p.k_scales = qkv.k_scales;
   p.v_codes_t = qkv.v_codes_t;
-  p.vt_pitch = layout::transposed_tokens(T, docs->num_docs);
+  p.vt_pitch = layout::transposed_tokens(T, docs.num_docs);
   p.v_scales = qkv.v_scales;
   p.v_fold_ref = region(ws.v_fold_ref);
   p.k_interior_codes = qkv.k_interior_codes;
   p.v_interior_codes_t = qkv.v_interior_codes_t;
-  p.interior_scales_shift = saving ? interior_scales_shift(saved) : interior_scales_shift(ws);
+  p.interior_scales_shift = interior_scales_shift;
   p.o = o->data;
   p.o_stride_token = o->stride_token;
   p.o_stride_head = o->stride_head;
   p.lse = lse;
   p.work_counter = reinterpret_cast<int*>(region(ws.work_counter));
-  static_cast<cuda::sm90::AttentionShape&>(p) = attention_shape(*q, *k, *docs, *options, numerics);
+  static_cast<cuda::sm90::AttentionShape&>(p) = attention_shape(q, k, docs, options, numerics);
   if (CallError e = build_work_order(p, region(ws.work_order), region(ws.work_order_counters), s); !e.ok()) return e;
-  cudaError_t err = static_cast<cudaError_t>(cuda::sm90::launch_forward(p, stream));
+  cudaError_t err = static_cast<cudaError_t>(cuda::sm90::launch_forward(p, s));
   if (err == cudaSuccess) err = cudaGetLastError();
   if (err != cudaSuccess) return cuda_error("the forward kernel (launch_forward)", err);
   return CallError::success();
 }
 
-}  // namespace
 }  // namespace flamia::capi
 
 extern "C" flamia_status flamia_forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
