@@ -152,6 +152,7 @@ template <class Exp2>
 __device__ __forceinline__ float rescale_factor(float m_old, float m_new, Exp2 exp2) {
   return m_old == -INFINITY ? (m_new == -INFINITY ? 1.f : 0.f) : exp2(m_old - m_new);
 }
+
 // The online-softmax update of a tile with row maxima tile_max (already over the quad): new
 // running max and l; alpha = 2^(m - m') is what O must be multiplied by once the product that is
 // still adding the previous tile into it has finished (rescale_output).
