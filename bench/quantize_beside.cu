@@ -310,7 +310,7 @@ int main(int argc, char** argv) {
   const int64_t shift = capi::interior_scales_shift(ws);
   auto attend_into = [&](uint8_t* base, const capi::QkvCodePointers& qkv, flamia_tensor* out, float* lse_out,
                          cudaStream_t s) {
-    const capi::CallError e = capi::attend_codes(tq, tk, docs, options, numerics, qkv, shift, base, ws, out, lse_out, s);
+    const capi::CallError e = capi::attend_codes(tq, tk, docs, options, numerics, qkv, shift, base, ws, out, lse_out, nullptr, s);
     if (!e.ok()) {
       std::fprintf(stderr, "attend_codes: %s\n", e.message.c_str());
       std::exit(1);

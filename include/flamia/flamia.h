@@ -22,7 +22,7 @@ extern "C" {
  * function's signature below changes, so that a binding that mirrors the structs (the Python
  * package's ctypes layer checks it when it loads the library) refuses a library built from other
  * headers instead of handing it structs it would misread. */
-#define FLAMIA_ABI_VERSION 1
+#define FLAMIA_ABI_VERSION 2
 /* FLAMIA_ABI_VERSION as the library was built. */
 int flamia_abi_version(void);
 /* The library's version, "major.minor.patch". */
@@ -65,6 +65,11 @@ typedef struct flamia_options {
   flamia_scale_geometry scale_geometry;  /* default BLOCK32 */
   flamia_scale_rule scale_rule;          /* default CEIL */
   int p_boost_log2;                      /* default 8, in [0, 8] */
+  /* 0 (default): dQ's sums of the backward from saved codes (flamia_backward_saved) are FP16
+   * partials of the dK dV pass, reduced in whatever order they arrive (faster, not bitwise
+   * repeatable); 1: a dQ pass of its own, each row summed in a fixed order (bitwise repeatable).
+   * Prefix isolation, non-causal calls and flamia_backward always run the deterministic backward. */
+  int deterministic;
 } flamia_options;
 
 typedef struct flamia_error {

@@ -50,7 +50,7 @@ LIBRARY_NAME = "libflamia_capi.so"
 ENV_LIBRARY = "FLAMIA_CAPI_LIB"
 # FLAMIA_ABI_VERSION of the header these bindings mirror (include/flamia/flamia.h): a library built
 # from another is refused when it loads, rather than handed structs it would misread.
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # enum flamia_status
 SUCCESS = 0
@@ -130,6 +130,7 @@ class Options(ctypes.Structure):
         ("scale_geometry", _c_enum),  # flamia_scale_geometry
         ("scale_rule", _c_enum),  # flamia_scale_rule
         ("p_boost_log2", ctypes.c_int),
+        ("deterministic", ctypes.c_int),  # 0: FP16 dQ partials where they apply; 1: always deterministic
     ]
 
 
@@ -142,7 +143,7 @@ class Error(ctypes.Structure):
 # The layout the C compiler gives these structs on x86-64 / aarch64 Linux (LP64).
 assert ctypes.sizeof(Tensor) == 56 and Tensor.tokens.offset == 16 and Tensor.stride_head.offset == 48
 assert ctypes.sizeof(Documents) == 24 and Documents.num_docs.offset == 16 and Documents.max_seqlen.offset == 20
-assert ctypes.sizeof(Options) == 24 and Options.p_boost_log2.offset == 20
+assert ctypes.sizeof(Options) == 28 and Options.p_boost_log2.offset == 20 and Options.deterministic.offset == 24
 assert ctypes.sizeof(Error) == 512
 
 _lock = threading.Lock()

@@ -125,8 +125,9 @@ def _buffer_bytes(kind, tokens, q_heads, kv_heads, dim, num_docs, options):
     return _SIZE_QUERIES[kind](*_shape_descriptors(tokens, q_heads, kv_heads, dim), docs, _c_options(*options))
 
 
-def _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule):
+def _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule, deterministic=False):
     options = _capi.default_options()
+    options.deterministic = 1 if deterministic else 0
     options.causal = 1 if causal else 0
     options.softmax_scale = float(softmax_scale)
     options.isolation = _capi.ISOLATION[isolation]
@@ -203,7 +204,7 @@ def _attention_forward_fake(q, k, v, cu_seqlens, max_seqlen, causal, softmax_sca
 
 
 def _run_backward(dout, o, lse, cu_seqlens, max_seqlen, kv_heads, causal, softmax_scale, isolation, scale_geometry,
-                  scale_rule, workspace_kind, launch):
+                  scale_rule, workspace_kind, launch, deterministic=True):
     """What both backward ops share: checks, kernel layouts, dq, dk and dv, the C options and
     documents, the workspace; launch(o, lse, dout, docs, options, dq, dk, dv, workspace, nbytes,
     stream) calls the C API. Returns (dq, dk, dv)."""
@@ -223,7 +224,7 @@ def _run_backward(dout, o, lse, cu_seqlens, max_seqlen, kv_heads, causal, softma
     dk = torch.empty((tokens, kv_heads, dim), dtype=torch.bfloat16, device=dout.device)
     dv = torch.empty((tokens, kv_heads, dim), dtype=torch.bfloat16, device=dout.device)
     numerics = (causal, softmax_scale, isolation, scale_geometry, scale_rule)
-    options = _c_options(*numerics)
+    options = _c_options(*numerics, deterministic=deterministic)
     docs = _c_documents(cu_seqlens, max_seqlen)
     with torch.cuda.device(dout.device):
         nbytes = _buffer_bytes(workspace_kind, tokens, q_heads, kv_heads, dim, docs.num_docs, numerics)
@@ -295,9 +296,11 @@ def _forward_train_impl(
     isolation: str,
     scale_geometry: str,
     scale_rule: str,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """attention_forward that also returns q, k and v's MXFP8 codes (a uint8 buffer, flamia_forward_train's
-    saved codes) for attention_backward_saved: (o, lse, saved_codes)."""
+    saved codes) for attention_backward_saved: (o, lse, saved_codes). deterministic is the backward's
+    (attention_backward_saved), carried through the autograd context."""
     saved = []
     numerics = (causal, softmax_scale, isolation, scale_geometry, scale_rule)
 
@@ -318,7 +321,7 @@ attention_forward_train = torch.library.custom_op("flamia::attention_forward_tra
 
 @attention_forward_train.register_fake
 def _attention_forward_train_fake(q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry,
-                                  scale_rule):
+                                  scale_rule, deterministic=False):
     _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
     tokens, q_heads, dim = q.shape
     saved_bytes = _saved_codes_bytes(q, k, cu_seqlens.shape[0] - 1,
@@ -340,9 +343,12 @@ def _backward_saved_impl(
     isolation: str,
     scale_geometry: str,
     scale_rule: str,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """attention_backward from attention_forward_train's saved codes (q, k and v are not needed):
-    bitwise the same (dq, dk, dv)."""
+    """attention_backward from attention_forward_train's saved codes (q, k and v are not needed).
+    deterministic: bitwise attention_backward's (dq, dk, dv); else dq may come from FP16 partials
+    (where they apply: document isolation, causal, D = 128, long documents), which sum in whatever
+    order they arrive: the same accuracy, not bitwise repeatable."""
     _check_tensor(saved_codes, "saved_codes", torch.uint8, 1)
     _check_tensor(cu_seqlens, "cu_seqlens", torch.int32, 1)
     _check_choice(isolation, "isolation", _capi.ISOLATION)
@@ -356,7 +362,7 @@ def _backward_saved_impl(
                              _descriptor(dv), workspace.data_ptr(), nbytes, stream)
 
     return _run_backward(dout, o, lse, cu_seqlens, max_seqlen, kv_heads, causal, softmax_scale, isolation,
-                         scale_geometry, scale_rule, "backward_saved", launch)
+                         scale_geometry, scale_rule, "backward_saved", launch, deterministic=deterministic)
 
 
 attention_backward_saved = torch.library.custom_op("flamia::attention_backward_saved", _backward_saved_impl,
@@ -365,7 +371,7 @@ attention_backward_saved = torch.library.custom_op("flamia::attention_backward_s
 
 @attention_backward_saved.register_fake
 def _attention_backward_saved_fake(dout, saved_codes, o, lse, cu_seqlens, max_seqlen, kv_heads, causal,
-                                   softmax_scale, isolation, scale_geometry, scale_rule):
+                                   softmax_scale, isolation, scale_geometry, scale_rule, deterministic=False):
     tokens, q_heads, dim = dout.shape
     return (dout.new_empty((tokens, q_heads, dim)), dout.new_empty((tokens, kv_heads, dim)),
             dout.new_empty((tokens, kv_heads, dim)))
@@ -396,10 +402,13 @@ attention_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _setup_context_train(ctx, inputs, output):
-    q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry, scale_rule = inputs
+    q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry, scale_rule = inputs[:10]
+    deterministic = bool(inputs[10]) if len(inputs) > 10 else False
     o, lse, saved = output
     ctx.save_for_backward(saved, o, lse, cu_seqlens)  # not q, k, v: the codes replace them
-    ctx.arguments = (max_seqlen, k.shape[1], causal, softmax_scale, isolation, scale_geometry, scale_rule)
+    ctx.arguments = (max_seqlen, k.shape[1], causal, softmax_scale, isolation, scale_geometry, scale_rule,
+                     deterministic)
+    ctx.inputs = len(inputs)  # the backward returns one gradient (or None) per input
     ctx.mark_non_differentiable(lse, saved)
     # Without this, autograd fills a zero "gradient" of the saved codes (as large as q, k and v
     # together) before every backward: 0.24 ms of a 4x16384 training call on the H200.
@@ -413,7 +422,7 @@ def _backward_train_through(backward_saved):
         saved, o, lse, cu_seqlens = ctx.saved_tensors
         grad_o = _defined_gradient(grad_o, o)
         dq, dk, dv = backward_saved(grad_o, saved, o, lse, cu_seqlens, *ctx.arguments)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return (dq, dk, dv) + (None,) * (ctx.inputs - 3)
     return backward
 
 
@@ -460,7 +469,7 @@ def _plain_eager(*tensors):
 
 
 def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, isolation="document",
-              scale_geometry="block32", scale_rule="ceil", return_lse=False, save_codes=True):
+              scale_geometry="block32", scale_rule="ceil", return_lse=False, save_codes=True, deterministic=None):
     """MXFP8, causally safe attention over packed variable-length documents.
 
     Args:
@@ -478,6 +487,11 @@ def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, 
         scale_geometry: "block32" (default; document-local 32-token groups) or "token".
         scale_rule: "ceil" (default; never clips) or "floor" (OCP MX).
         return_lse: also return lse [Hq, T] FP32 (natural log).
+        deterministic: the backward's reduction of dq. True: bitwise repeatable (a dQ pass of its
+            own, each row summed in a fixed order). False: dq from FP16 partials of the dK dV pass
+            where they apply (document isolation, causal, D = 128, long documents, save_codes),
+            faster and as accurate, but summed in whatever order they arrive. Default None follows
+            torch.are_deterministic_algorithms_enabled(). Prefix isolation is always deterministic.
         save_codes: when a gradient will be taken, keep q, k and v's MXFP8 codes (about 2 bytes per
             element of q, k and v, 2 more per element of k and v in prefix isolation with block32
             geometry) for the backward instead of q, k and v themselves, so the
@@ -486,9 +500,9 @@ def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, 
     Returns:
         o [T, Hq, D] BF16, or (o, lse) when return_lse (lse carries no gradient).
 
-    Differentiable in q, k and v: the backward is the MXFP8 backward of DESIGN.md (always
-    deterministic: no atomics, so no ``deterministic`` switch; in prefix isolation dq of a row
-    depends on nothing after it).
+    Differentiable in q, k and v: the backward is the MXFP8 backward of docs/DESIGN.md (dk and dv
+    always deterministic; dq as ``deterministic`` says; in prefix isolation dq of a row depends on
+    nothing after it).
 
     Raises:
         TypeError / ValueError naming the argument for bad Python-side input, FlamiaError (with the
@@ -503,10 +517,12 @@ def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, 
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     arguments = (q, k, v, cu_seqlens, max_seqlen, bool(causal), float(softmax_scale), isolation, scale_geometry,
                  scale_rule)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
     eager = _plain_eager(q, k, v, cu_seqlens)
     differentiable = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if differentiable and save_codes:
-        o, lse, _ = (_EagerTrainingCall.apply if eager else attention_forward_train)(*arguments)
+        o, lse, _ = (_EagerTrainingCall.apply if eager else attention_forward_train)(*arguments, bool(deterministic))
     elif eager and not differentiable:
         o, lse = _forward_impl(*arguments)
     else:

@@ -3,10 +3,15 @@
 // instead) and dO, build dO's running scale max, the work order and D_i, then run the dK dV and dQ
 // kernels, all asynchronously on the caller's stream. No allocation, no host synchronization and no
 // device-to-host copy, so the call can be captured in a CUDA graph.
+// Where it applies (takes_dq_partials), dQ comes from FP16 partials of the dK dV pass instead of
+// a dQ pass (core/dq_partials.h): prep also forms the rows' factors and zeroes dq, which holds the
+// FP16 accumulator until the finish pass writes BF16 dQ.
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <exception>
 #include <string>
+#include <tuple>
 
 #include "capi/cuda_call.h"
 #include "capi/validate.h"
@@ -17,6 +22,17 @@
 
 namespace flamia::capi {
 namespace {
+
+// Whether a backward call takes dQ from FP16 partials: the saving forward kept 1 / l_i, the caller
+// did not ask for a deterministic call, the options' reduction allows it (document isolation,
+// causal), the kernels have the instance, and dq's rows can be TMA's FP16 reduce target.
+bool takes_dq_partials(const flamia_tensor& q, const flamia_tensor& dq, const flamia_documents& docs,
+                       const flamia_options& options, const NumericsOptions& numerics, QkvCodes codes) {
+  return codes == QkvCodes::kSaved && options.deterministic == 0 && numerics.isolation == Isolation::kDocument &&
+         cuda::sm90::dq_partials_supported(int(q.dim), options.causal == 1, numerics.interior_codes(), q.tokens,
+                                           docs.num_docs) &&
+         dq.stride_token % 8 == 0 && dq.stride_head % 8 == 0 && reinterpret_cast<uintptr_t>(dq.data) % 16 == 0;
+}
 
 // codes: kInWorkspace for flamia_backward (q, k, v quantized again), kSaved for
 // flamia_backward_saved (their codes read from flamia_forward_train's saved_codes).
@@ -63,6 +79,18 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
       err != cudaSuccess)
     return cuda_error("dout's running scale max (launch_prefix_max_scales)", err);
 
+  const bool dq_partials = takes_dq_partials(*q, *dq, *docs, *options, numerics, codes);
+  if (dq_partials) {  // U's and the accumulator's bounds read K's and V's running scale max
+    const int Hkv = int(k->heads);
+    for (const auto& [scales, prefix_max, what] :
+         {std::tuple{qkv.k_scales, region(ws.k_scale_prefix_max), "K's running scale max (launch_prefix_max_scales)"},
+          std::tuple{qkv.v_scales, region(ws.v_scale_prefix_max), "V's running scale max (launch_prefix_max_scales)"}})
+      if (const cudaError_t err = cuda::launch_prefix_max_scales(scales, T, Hkv, docs->cu_seqlens, docs->num_docs,
+                                                                 docs->max_seqlen, prefix_max, s);
+          err != cudaSuccess)
+        return cuda_error(what, err);
+  }
+
   cuda::sm90::BackwardParams p{};
   p.q_codes = qkv.q_codes, p.q_scales = qkv.q_scales;
   p.k_codes = qkv.k_codes, p.k_scales = qkv.k_scales;
@@ -82,12 +110,26 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   p.dk = dk->data, p.dk_stride_token = dk->stride_token, p.dk_stride_head = dk->stride_head;
   p.dv = dv->data, p.dv_stride_token = dv->stride_token, p.dv_stride_head = dv->stride_head;
   static_cast<cuda::sm90::AttentionShape&>(p) = attention_shape(*q, *k, *docs, *options, numerics);
+  p.dq_partials = dq_partials;
+  if (dq_partials) {
+    p.row_max_prob = reinterpret_cast<const float*>(
+        region_pointer(static_cast<uint8_t*>(const_cast<void*>(saved_codes)), saved_layout.row_max_prob));
+    p.k_scale_prefix_max = region(ws.k_scale_prefix_max);
+    p.v_scale_prefix_max = region(ws.v_scale_prefix_max);
+    p.dq_sigma = region(ws.dq_sigma);
+    p.dq_beta = reinterpret_cast<int8_t*>(region(ws.dq_beta));
+  }
   if (CallError e = build_work_order(p, region(ws.work_order), region(ws.work_order_counters), s); !e.ok()) return e;
 
-  const std::pair<int (*)(const cuda::sm90::BackwardParams&, void*), const char*> passes[] = {
-      {cuda::sm90::launch_backward_prep, "the backward prep kernel (launch_backward_prep)"},
-      {cuda::sm90::launch_backward_dkdv, "the dK dV kernel (launch_backward_dkdv)"},
-      {cuda::sm90::launch_backward_dq, "the dQ kernel (launch_backward_dq)"}};
+  using Launch = int (*)(const cuda::sm90::BackwardParams&, void*);
+  const std::pair<Launch, const char*> prep{cuda::sm90::launch_backward_prep,
+                                            "the backward prep kernel (launch_backward_prep)"};
+  const std::pair<Launch, const char*> dkdv{cuda::sm90::launch_backward_dkdv, "the dK dV kernel (launch_backward_dkdv)"};
+  const std::pair<Launch, const char*> deterministic[] = {
+      prep, dkdv, {cuda::sm90::launch_backward_dq, "the dQ kernel (launch_backward_dq)"}};
+  const std::pair<Launch, const char*> with_partials[] = {
+      prep, dkdv, {cuda::sm90::launch_backward_dq_finish, "the dQ finish kernel (launch_backward_dq_finish)"}};
+  const auto& passes = dq_partials ? with_partials : deterministic;
   for (const auto& [launch, what] : passes) {
     cudaError_t err = static_cast<cudaError_t>(launch(p, stream));
     if (err == cudaSuccess) err = cudaGetLastError();

@@ -44,8 +44,12 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   const QkvCodePointers qkv =
       saving ? qkv_code_pointers(static_cast<uint8_t*>(saved_codes), saved) : qkv_code_pointers(base, ws);
   if (CallError e = quantize_qkv(*q, *k, *v, *docs, numerics, qkv, s); !e.ok()) return e;
+  // The saving forward keeps each row's largest probability for the backward's FP16 dQ partials.
+  float* row_max_prob =
+      saving ? reinterpret_cast<float*>(region_pointer(static_cast<uint8_t*>(saved_codes), saved.row_max_prob)) : nullptr;
   return attend_codes(*q, *k, *docs, *options, numerics, qkv,
-                      saving ? interior_scales_shift(saved) : interior_scales_shift(ws), base, ws, o, lse, s);
+                      saving ? interior_scales_shift(saved) : interior_scales_shift(ws), base, ws, o, lse,
+                      row_max_prob, s);
 }
 
 }  // namespace
@@ -53,7 +57,7 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
 CallError attend_codes(const flamia_tensor& q, const flamia_tensor& k, const flamia_documents& docs,
                        const flamia_options& options, const NumericsOptions& numerics, const QkvCodePointers& qkv,
                        int64_t interior_scales_shift, uint8_t* workspace, const ForwardWorkspace& ws, flamia_tensor* o,
-                       float* lse, cudaStream_t s) {
+                       float* lse, float* row_max_prob, cudaStream_t s) {
   // validate_forward bounds T * H * D by 2^31 - 1, so every extent fits an int.
   const int T = int(q.tokens), Hkv = int(k.heads);
   auto region = [workspace](const WorkspaceRegion& r) { return region_pointer(workspace, r); };
@@ -78,6 +82,7 @@ CallError attend_codes(const flamia_tensor& q, const flamia_tensor& k, const fla
   p.o_stride_token = o->stride_token;
   p.o_stride_head = o->stride_head;
   p.lse = lse;
+  p.row_max_prob = row_max_prob;
   p.work_counter = reinterpret_cast<int*>(region(ws.work_counter));
   static_cast<cuda::sm90::AttentionShape&>(p) = attention_shape(q, k, docs, options, numerics);
   if (CallError e = build_work_order(p, region(ws.work_order), region(ws.work_order_counters), s); !e.ok()) return e;

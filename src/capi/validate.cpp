@@ -214,6 +214,8 @@ CallError check_options(const flamia_options& options, int64_t head_dim) {
     return invalid("options.scale_rule must be FLAMIA_SCALE_RULE_CEIL (0) or FLAMIA_SCALE_RULE_FLOOR (1), got " +
                    str(rule));
   }
+  if (options.deterministic != 0 && options.deterministic != 1)
+    return invalid("options.deterministic must be 0 or 1, got " + str(options.deterministic));
   // The combination rules (prefix isolation needs a causal mask, the P boost range, ...) are the
   // emulated route's, so the CPU spec and the C API refuse exactly the same options.
   reference::AttentionShape shape;
@@ -380,6 +382,7 @@ SavedCodes saved_codes_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads,
   w.v_interior_codes_t = c.take_if(interior_codes, hkv * d * slots);
   w.k_interior_scales = c.take_if(interior_codes, t * hkv);
   w.v_interior_scales = c.take_if(interior_codes, t * hkv);
+  w.row_max_prob = c.take(t * hq * sizeof(float));
   w.total = c.total();
   return w;
 }
@@ -410,6 +413,10 @@ BackwardWorkspace backward_workspace_layout(int64_t tokens, int64_t q_heads, int
   w.v_interior_scales = c.take_if(interior, t * hkv);
   w.g_scale_prefix_max = c.take(t * hq);
   w.delta = c.take(t * hq * sizeof(float));
+  w.k_scale_prefix_max = c.take(t * hkv);
+  w.v_scale_prefix_max = c.take(t * hkv);
+  w.dq_sigma = c.take(t * hq);
+  w.dq_beta = c.take(t * hq);
   w.work_counter = c.take(sizeof(int32_t));
   take_work_order(c, tokens, num_docs, w);
   w.total = c.total();
@@ -501,6 +508,7 @@ void flamia_default_options(flamia_options* options) {
   options->scale_rule =
       defaults.scale_rule == flamia::ScaleRule::kFloor ? FLAMIA_SCALE_RULE_FLOOR : FLAMIA_SCALE_RULE_CEIL;
   options->p_boost_log2 = defaults.p_boost_log2;
+  options->deterministic = 0;
 }
 
 int flamia_abi_version(void) { return FLAMIA_ABI_VERSION; }

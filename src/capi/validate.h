@@ -119,6 +119,7 @@ struct SavedCodes {
   WorkspaceRegion q_scales, k_scales, v_scales;     // UE8M0 [T, H]
   WorkspaceRegion k_interior_codes, k_interior_codes_t, v_interior_codes;  // with interior codes: both
   WorkspaceRegion v_interior_codes_t, k_interior_scales, v_interior_scales;  // layouts of K and V again
+  WorkspaceRegion row_max_prob;  // FP32 [Hq, T]: the forward's 1 / l_i (the FP16-partials backward's bound)
   size_t total = 0;                                 // a multiple of kWorkspaceAlignment
 };
 SavedCodes saved_codes_layout(int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t num_docs,
@@ -135,6 +136,9 @@ struct BackwardWorkspace {
   WorkspaceRegion v_interior_codes_t, k_interior_scales, v_interior_scales;  // (v_interior_codes_t: none)
   WorkspaceRegion g_scale_prefix_max;                      // UE8M0 [T, Hq]
   WorkspaceRegion delta;                                   // FP32 [Hq, T]: D_i
+  // FP16 dQ partials (core/dq_partials.h): K's and V's running scale max, each row's sigma and beta.
+  WorkspaceRegion k_scale_prefix_max, v_scale_prefix_max;  // UE8M0 [T, Hkv]
+  WorkspaceRegion dq_sigma, dq_beta;                       // UE8M0, int8 [Hq, T]
   WorkspaceRegion work_counter;                            // int32: the persistent kernels' item counter
   WorkspaceRegion work_order;                              // as the forward's: the items' order, and
   WorkspaceRegion work_order_counters;                     // its builder's scratch

@@ -744,10 +744,11 @@ TEST(CapiValidation, SavedCodesLayouts) {
     const SavedCodes s = saved_codes_layout(T, Hq, Hkv, D, docs, false);
     EXPECT_EQ(s.total % kWorkspaceAlignment, 0u);
     const WorkspaceRegion regions[] = {s.q_codes,   s.k_codes,   s.v_codes,  s.q_codes_t, s.k_codes_t,
-                                       s.v_codes_t, s.q_scales, s.k_scales, s.v_scales};
+                                       s.v_codes_t, s.q_scales, s.k_scales, s.v_scales, s.row_max_prob};
     const size_t need[] = {size_t(T * Hq * D),     size_t(T * Hkv * D),     size_t(T * Hkv * D),
                            size_t(Hq * D) * slots, size_t(Hkv * D) * slots, size_t(Hkv * D) * slots,
-                           size_t(T * Hq),         size_t(T * Hkv),         size_t(T * Hkv)};
+                           size_t(T * Hq),         size_t(T * Hkv),         size_t(T * Hkv),
+                           size_t(T * Hq) * sizeof(float)};
     size_t end = 0;
     for (size_t i = 0; i < std::size(regions); ++i) {
       EXPECT_EQ(regions[i].offset % kWorkspaceAlignment, 0u) << i;
@@ -782,8 +783,10 @@ TEST(CapiValidation, SavedCodesLayouts) {
     }
     EXPECT_LE(end, b.total);
     // The saved codes plus the smaller backward workspace take what the backward's own workspace
-    // took, plus V's transposed codes (which the forward reads) and alignment.
-    EXPECT_LE(b.total + s.total, b_own.total + s.v_codes_t.bytes + 16 * kWorkspaceAlignment);
+    // took, plus V's transposed codes (which the forward reads), the rows' largest probabilities
+    // (which the forward keeps for the FP16 dQ partials) and alignment.
+    EXPECT_LE(b.total + s.total,
+              b_own.total + s.v_codes_t.bytes + s.row_max_prob.bytes + 16 * kWorkspaceAlignment);
 
     flamia_tensor q = packed(0x10000, T, Hq, D), k = packed(0x20000, T, Hkv, D), v = packed(0x30000, T, Hkv, D);
     flamia_documents d{};

@@ -100,4 +100,6 @@ def test_version_names_the_release_and_the_c_abi():
     out = run("--version")
     package = (REPO / "python" / "flamia" / "__init__.py").read_text()
     version = package.split('__version__ = "', 1)[1].split('"')[0]  # CMake reads the version there
-    assert out.returncode == 0 and out.stdout.strip() == f"flamia {version} (C API ABI 1)"
+    header = (REPO / "include" / "flamia" / "flamia.h").read_text()
+    abi = header.split("#define FLAMIA_ABI_VERSION ", 1)[1].split()[0]
+    assert out.returncode == 0 and out.stdout.strip() == f"flamia {version} (C API ABI {abi})"

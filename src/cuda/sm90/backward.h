@@ -40,6 +40,15 @@ struct BackwardParams : AttentionShape {
   void *dq, *dk, *dv;  // BF16 outputs [T, Hq, D], [T, Hkv, D], [T, Hkv, D] with the strides below
   int64_t dq_stride_token, dq_stride_head, dk_stride_token, dk_stride_head, dv_stride_token, dv_stride_head;
   int* work_counter;  // the persistent kernels' item counter (launch.cuh; zeroed by each launch)
+
+  // dQ by boosted FP16 partials (core/dq_partials.h), when dq_partials: the dK dV pass adds each
+  // step's FP16 partial into dq's own buffer (FP16 [T, Hq, D] with dq's strides until the finish
+  // pass rewrites it as BF16), and no dQ pass runs.
+  bool dq_partials;
+  const float* row_max_prob;                              // [Hq, T]: the forward's 1 / l_i
+  const uint8_t *k_scale_prefix_max, *v_scale_prefix_max;  // [T, Hkv]: running max within the document
+  uint8_t* dq_sigma;                                      // [Hq, T]: U's row scale for dQ (UE8M0)
+  int8_t* dq_beta;                                        // [Hq, T]: the accumulator's boost exponent
 };
 
 // Each returns the cudaError_t of its launch as an int (0 = success); head_dim must be 64 or 128.
@@ -56,5 +65,15 @@ inline bool dkdv_runs_persistent(int64_t total_tokens, int64_t num_docs) {
   return total_tokens < int64_t(kDkdvPersistentBelowMeanDocument) * num_docs;
 }
 int launch_backward_dq(const BackwardParams& params, void* stream);
+// After the dK dV pass of a call with dq_partials: dQ = scale 2^-beta_i acc_i, FP16 to BF16 in place.
+int launch_backward_dq_finish(const BackwardParams& params, void* stream);
+
+// Whether the dK dV kernel has an FP16-partials instance for the call (the C API falls back to the
+// deterministic passes otherwise): D = 128, causal, document isolation (no interior codes), and
+// documents long enough on average for the grid schedule (short ones run the persistent one).
+inline bool dq_partials_supported(int head_dim, bool causal, bool interior_codes, int64_t total_tokens,
+                                  int64_t num_docs) {
+  return head_dim == 128 && causal && !interior_codes && !dkdv_runs_persistent(total_tokens, num_docs);
+}
 
 }  // namespace flamia::cuda::sm90

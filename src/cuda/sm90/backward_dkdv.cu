@@ -30,6 +30,7 @@
 #include "cuda/document_span.cuh"
 #include "cuda/sm90/accumulator.cuh"
 #include "cuda/sm90/backward.h"
+#include "cuda/sm90/dq_partials.cuh"
 #include "cuda/sm90/fp8_math.cuh"
 #include "cuda/sm90/launch.cuh"
 #include "cuda/sm90/tensor_map.h"
@@ -69,10 +70,13 @@ struct DkdvSchedule {
   static constexpr int kConsumerRegisters = kPersistent ? 232 : 240;
 };
 
-// Per-query constants of a tile: {2^eq_i, 2^eg_i, 2^(boost + eg_i - gamma), -LSE_i log2(e)}, D_i.
+// Per-query constants of a tile: {2^eq_i, 2^eg_i, 2^(boost + eg_i - gamma), -LSE_i log2(e)}, D_i,
+// and with FP16 dQ partials {2^(-eq_i - sigma_i), 2^(sigma_i + beta_i)} (the U~ fold from the dK
+// operand, the partial's factor).
 struct QueryTileConsts {
   float4 c[kQueryTile];
   float delta[kQueryTile];
+  float2 dq[kQueryTile];
 };
 
 // One query tile's operands (1024-byte aligned for the 128-byte swizzle of the rows-form tiles).
@@ -150,6 +154,27 @@ struct alignas(1024) DkdvInteriorKeys {
   uint8_t k[kKeyRows * D], v[kKeyRows * D];  // rows form
   uint8_t k_scale[kKeyRows], v_scale[kKeyRows];
 };
+// dQ by boosted FP16 partials (core/dq_partials.h; the kDqPartials instance, D = 128). Each step also
+// forms its 64 queries' dQ partial over the item's 128 keys,
+//   dQ_i += 2^(sigma_i + beta_i) sum_j U~_ij ck_j,  U~_ij = E4M3(U_ij 2^(ek_j - sigma_i)),
+// with sigma_i and beta_i fixed before the pass, so the two consumers never exchange a row max: each
+// writes its 64 keys' U~ transposed (queries as rows) into one tile, they meet at a named barrier, and
+// each multiplies the tile with half of the item's K^T (kDqFeatures features). The FP16 partial goes
+// to shared memory, and a TMA reduce-add adds it into dQ's FP16 accumulator (dq's own buffer).
+constexpr int kDqFeatures = 64;  // dQ features per consumer
+template <int D>
+struct alignas(1024) DqPartialBuffers {
+  uint8_t kt[D * kKeyRows];                  // the item's K codes transposed, keys permuted (B of dQ)
+  uint8_t u[2][kQueryTile * kKeyRows];       // U~ per step, queries as rows (A of dQ); by use parity
+  uint16_t out[kConsumers][2][kQueryTile * kDqFeatures];  // FP16 partials per consumer, by use parity
+};
+// The shared storage's last member: prefix isolation's interior keys or the dQ partials' buffers
+// (never both: FP16 partials run in document isolation), only as large as the launch asks.
+template <int D>
+union DkdvTail {
+  DkdvInteriorKeys<D> interior;
+  DqPartialBuffers<D> partials;
+};
 template <int D, int kKeyBuffers>
 struct DkdvShared {
   alignas(1024) uint8_t k[kKeyBuffers][kKeyRows * D];  // rows form (A of S^T)
@@ -159,16 +184,23 @@ struct DkdvShared {
   StageRing<kStages> ring;            // query steps, use i = the CTA's i-th over all its items
   StageRing<kKeyBuffers> keys_ring;   // K and V rows, use n = the CTA's n-th item
   StageRing<1> interior_ring;         // interior keys, use m = the CTA's m-th item with interior steps
-  DkdvInteriorKeys<D> interior;       // last: a launch without interior codes leaves it out
+  DkdvTail<D> tail;                   // last: a launch that uses neither member leaves it out
 };
 template <int D, bool kPersistent>
 using DkdvSharedFor = DkdvShared<D, DkdvSchedule<kPersistent>::kKeyBuffers>;
-template <int D, bool kPersistent>  // + the alignment of the dynamic base
-constexpr size_t kDkdvSharedBytes = sizeof(DkdvSharedFor<D, kPersistent>) + 1024;
-template <int D, bool kPersistent>  // the same without the interior keys (the last member)
-constexpr size_t kDkdvSharedBytesWithoutInterior =
-    kDkdvSharedBytes<D, kPersistent> - sizeof(DkdvInteriorKeys<D>);
-static_assert(kDkdvSharedBytes<128, true> <= 227 * 1024, "a CTA must fit in shared memory");
+// The dynamic shared memory of a launch: the storage up to its tail, the tail member it uses, and the
+// alignment of the dynamic base.
+enum class DkdvTailUse { kNone, kInteriorKeys, kDqPartials };
+template <int D, bool kPersistent, DkdvTailUse kUse>
+constexpr size_t kDkdvSharedBytes =
+    sizeof(DkdvSharedFor<D, kPersistent>) - sizeof(DkdvTail<D>) +
+    (kUse == DkdvTailUse::kInteriorKeys ? sizeof(DkdvInteriorKeys<D>)
+     : kUse == DkdvTailUse::kDqPartials ? sizeof(DqPartialBuffers<D>)
+                                        : 0) +
+    1024;
+static_assert(kDkdvSharedBytes<128, true, DkdvTailUse::kInteriorKeys> <= 227 * 1024 &&
+                  kDkdvSharedBytes<128, false, DkdvTailUse::kDqPartials> <= 227 * 1024,
+              "a CTA must fit in shared memory");
 
 struct DkdvArgs {
   BackwardParams p;
@@ -176,6 +208,8 @@ struct DkdvArgs {
   CUtensorMap q_map, g_map;    // rows form, box kQueryTile
   CUtensorMap qt_map, gt_map;  // transposed form, box kQueryTile
   CUtensorMap k_interior_map, v_interior_map;  // the interior codes' rows, box kKeyRows
+  CUtensorMap kt_map;  // FP16 partials: K transposed, box kKeyRows
+  CUtensorMap dq_map;  // FP16 partials: dQ's FP16 accumulator, box kQueryTile tokens x kDqFeatures
 };
 
 // A producer lane's queries' inputs to the constants (queries lane + 32 j of the tile, j in the
@@ -184,8 +218,10 @@ struct DkdvArgs {
 struct QueryInputs {
   uint8_t q_scale[kQueriesPerLane], g_scale[kQueriesPerLane];
   float lse[kQueriesPerLane], delta[kQueriesPerLane];
+  uint8_t dq_sigma[kQueriesPerLane];  // FP16 partials only
+  int8_t dq_beta[kQueriesPerLane];
 };
-template <class Share>
+template <class Share, bool kDqPartials>
 __device__ __forceinline__ QueryInputs load_query_inputs(const BackwardParams& p, const DocumentSpan& d, int h, int q0,
                                                          int lane) {
   QueryInputs in;
@@ -197,10 +233,18 @@ __device__ __forceinline__ QueryInputs load_query_inputs(const BackwardParams& p
     in.g_scale[j] = __ldg(p.g_scales + s);
     in.lse[j] = __ldg(p.lse + int64_t(h) * p.total_tokens + token);
     in.delta[j] = __ldg(p.delta + int64_t(h) * p.total_tokens + token);  // the prep pass's, read-only here
+    if (kDqPartials) {
+      in.dq_sigma[j] = __ldg(p.dq_sigma + int64_t(h) * p.total_tokens + token);
+      in.dq_beta[j] = __ldg(p.dq_beta + int64_t(h) * p.total_tokens + token);
+    }
   }
   return in;
 }
-template <class Share>
+// 2^e for U~'s fold 2^(-eq - sigma), its exponent clamped to the float range: where it would leave
+// it, U 2^eq is 0 (a zero dO row's sigma is the smallest scale) or the inputs are beyond any real
+// activation's range.
+__device__ __forceinline__ float clamped_pow2(int e) { return pow2i(e > 127 ? 127 : e); }
+template <class Share, bool kDqPartials>
 __device__ __forceinline__ void store_query_consts(const QueryInputs& in, int gamma, int p_boost_log2, int lane,
                                                    QueryTileConsts& c) {
 #pragma unroll
@@ -209,6 +253,13 @@ __device__ __forceinline__ void store_query_consts(const QueryInputs& in, int ga
     const float p_fold = pow2i(gamma == kNaNExponent ? kNaNExponent : add_exponents(eg, p_boost_log2 - gamma));
     c.c[j * 32 + lane] = make_float4(pow2_of_scale(in.q_scale[j]), pow2i(eg), p_fold, -(in.lse[j] * kLog2e));
     c.delta[j * 32 + lane] = in.delta[j];
+    if (kDqPartials) {
+      const bool nan = formats::ue8m0_is_nan(in.q_scale[j]) || formats::ue8m0_is_nan(in.dq_sigma[j]);
+      const int sigma = scale_exponent(in.dq_sigma[j]);
+      c.dq[j * 32 + lane] =
+          make_float2(nan ? pow2i(kNaNExponent) : clamped_pow2(-scale_exponent(in.q_scale[j]) - sigma),
+                      pow2i(add_exponents(sigma, in.dq_beta[j])));
+    }
   }
 }
 
@@ -337,15 +388,15 @@ __device__ __forceinline__ void load_interior_keys(const DkdvArgs& args, const D
   if (lane == 0) {
     uint64_t& full = sm.interior_ring.full_barrier(m);
     barrier_expect_bytes(full, 2 * kKeyRows * D);
-    tma_load_rows(args.k_interior_map, sm.interior.k, full, w.kvh, w.d.begin + w.k0);
-    tma_load_rows(args.v_interior_map, sm.interior.v, full, w.kvh, w.d.begin + w.k0);
+    tma_load_rows(args.k_interior_map, sm.tail.interior.k, full, w.kvh, w.d.begin + w.k0);
+    tma_load_rows(args.v_interior_map, sm.tail.interior.v, full, w.kvh, w.d.begin + w.k0);
   }
 #pragma unroll
   for (int j = 0; j < kKeyRows / 32; ++j) {
     const int key = j * 32 + lane;
     const int64_t s = int64_t(w.d.begin + min(w.k0 + key, w.d.len - 1)) * p.kv_heads + w.kvh;
-    sm.interior.k_scale[key] = __ldg(p.k_scales + p.interior_scales_shift + s);
-    sm.interior.v_scale[key] = __ldg(p.v_scales + p.interior_scales_shift + s);
+    sm.tail.interior.k_scale[key] = __ldg(p.k_scales + p.interior_scales_shift + s);
+    sm.tail.interior.v_scale[key] = __ldg(p.v_scales + p.interior_scales_shift + s);
   }
   sm.interior_ring.arrive_full(m);
 }
@@ -357,14 +408,15 @@ __device__ __forceinline__ void load_interior_keys(const DkdvArgs& args, const D
 // transposed slots the quantizer zeroed, or TMA's zeros past the tensor: finite E4M3 codes
 // (docs/KERNELS.md, "Loads") that meet exact-zero P~ and U in dV and dK, and columns of S^T and E^T
 // that the masked path drops.
-template <int D, int kStreamer, int kKeyBuffers>
+template <int D, int kStreamer, int kKeyBuffers, bool kDqPartials = false>
 __device__ __forceinline__ void produce_steps(const DkdvArgs& args, const DkdvWork& w, int step_uses,
                                               DkdvShared<D, kKeyBuffers>& sm) {
   using Share = StreamerShare<kStreamer, kQueriesPerLane>;
   const BackwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
   const int doc_slot = int(layout::transposed_document_start(w.d.begin, w.doc));
-  auto load_inputs = [&](QuerySteps::Cursor c) { return load_query_inputs<Share>(p, w.d, c.head, c.q0, lane); };
+  auto load_inputs = [&](QuerySteps::Cursor c) { return load_query_inputs<Share, kDqPartials>(p, w.d, c.head, c.q0, lane);
+  };
   QuerySteps::Cursor at = w.steps.first();
   QueryInputs next = load_inputs(at);
   for (int step = 0; step < w.tiles; ++step) {
@@ -382,7 +434,7 @@ __device__ __forceinline__ void produce_steps(const DkdvArgs& args, const DkdvWo
       tma_load_transposed(args.gt_map, st.gt, full, h, D, doc_slot + q0);
     }
     if (step + 1 < w.tiles) next = load_inputs(at);
-    store_query_consts<Share>(inputs, w.gamma, p.p_boost_log2, lane, st.consts);
+    store_query_consts<Share, kDqPartials>(inputs, w.gamma, p.p_boost_log2, lane, st.consts);
     sm.ring.arrive_full(use);
   }
 }
@@ -436,17 +488,22 @@ __device__ __forceinline__ void store_key_bytes(const BackwardParams& p, const D
   }
 }
 
-// Item n's K and V rows into key buffer n % kKeyBuffers (lane 0: the item and the TMA loads) and its
-// keys' scale bytes (every lane); the caller then arrives on the buffer's "full".
-template <int D, int kKeyBuffers>
+// Item n's K and V rows into key buffer n % kKeyBuffers (lane 0: the item and the TMA loads; with
+// FP16 dQ partials K^T too, into the one buffer of the grid schedule) and its keys' scale bytes
+// (every lane); the caller then arrives on the buffer's "full".
+template <int D, int kKeyBuffers, bool kDqPartials = false>
 __device__ __forceinline__ void publish_item(const DkdvArgs& args, const DkdvWork& w, int n,
                                              DkdvShared<D, kKeyBuffers>& sm) {
+  static_assert(!kDqPartials || kKeyBuffers == 1, "FP16 dQ partials run the grid schedule");
   const int b = sm.keys_ring.stage(n), lane = int(threadIdx.x) % 32;
   if (lane == 0) {
     uint64_t& full = sm.keys_ring.full_barrier(n);
-    barrier_expect_bytes(full, 2 * kKeyRows * D);
+    barrier_expect_bytes(full, (kDqPartials ? 3 : 2) * kKeyRows * D);
     tma_load_rows(args.k_map, sm.k[b], full, w.kvh, w.d.begin + w.k0);
     tma_load_rows(args.v_map, sm.v[b], full, w.kvh, w.d.begin + w.k0);
+    if (kDqPartials)
+      tma_load_transposed(args.kt_map, sm.tail.partials.kt, full, w.kvh, D,
+                          int(layout::transposed_document_start(w.d.begin, w.doc)) + w.k0);
   }
   store_key_bytes(args.p, w, lane, sm.info[b]);
 }
@@ -494,8 +551,8 @@ __device__ __forceinline__ void produce_items(const DkdvArgs& args, DkdvShared<D
 // S^T and E^T, P~ and U (into pa and e), tau, dV += P~^T.dO and dK += 2^tau U~^T.Q, then the stage
 // is released.
 // interior_use: the item's use of the interior ring (with interior steps), released after its last
-// step.
-template <int D, int kKeyBuffers, bool kTurns, bool kInteriorCodes>
+// step. kDqPartials: each step also adds its dQ partial (DqPartialBuffers).
+template <int D, int kKeyBuffers, bool kTurns, bool kInteriorCodes, bool kDqPartials = false>
 __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w, int b, int step_uses,
                                         int interior_use, DkdvShared<D, kKeyBuffers>& sm,
                                         const ConsumerTurns<kTurns>& turns) {
@@ -521,6 +578,11 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
 
   int q_first[2];  // key row r sees the queries q_first[r] <= query < d.len (d.len: none)
   for (int r = 0; r < 2; ++r) q_first[r] = keys[r] >= d.len ? d.len : p.causal ? keys[r] : 0;
+  static_assert(!kDqPartials || (D == kConsumers * kDqFeatures && !kInteriorCodes && kKeyBuffers == 1),
+                "FP16 dQ partials: D = 128, document isolation, the grid schedule");
+  float k_pow[2] = {};  // 2^ek_j: U~'s fold for dQ
+  if (kDqPartials)
+    for (int r = 0; r < 2; ++r) k_pow[r] = pow2_of_scale(sm.info[b].k_scale[block_keys[r]]);
 
   float dk_acc[D / 2], dv_acc[D / 2];
   zero(dk_acc);
@@ -540,12 +602,12 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
     if (interior_codes != factors_interior) {  // twice per head at most; never without interior codes
       if (step == kFirstInteriorStep) sm.interior_ring.wait_full(interior_use);
       factors_interior = interior_codes;
-      if (interior_codes) key_factors(sm.interior.k_scale, sm.interior.v_scale);
+      if (interior_codes) key_factors(sm.tail.interior.k_scale, sm.tail.interior.v_scale);
       else key_factors(sm.info[b].k_scale, sm.info[b].v_scale);
     }
     // As shifts from key buffer b's rows: selecting whole pointers per step made the consumers spill.
-    const uint8_t* k_step = k_rows + (interior_codes ? smem_distance(sm.k[b], sm.interior.k) : 0);
-    const uint8_t* v_step = v_rows + (interior_codes ? smem_distance(sm.v[b], sm.interior.v) : 0);
+    const uint8_t* k_step = k_rows + (interior_codes ? smem_distance(sm.k[b], sm.tail.interior.k) : 0);
+    const uint8_t* v_step = v_rows + (interior_codes ? smem_distance(sm.v[b], sm.tail.interior.v) : 0);
     sm.ring.wait_full(use);
 
     // S^T = K . Q^T and E^T = V . dO^T: 64 keys x 64 queries each, D/32 k-steps.
@@ -566,6 +628,24 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
     }
     const RowScales tau = ceil_row_scales(amax);
     pack_a_operand_scaled<kQueryTile>(e, tau.inv, ua);
+    if constexpr (kDqPartials) {
+      // U~ = E4M3((U 2^eq) 2^ek_j 2^(-eq_i - sigma_i)), 0 on invisible pairs (the select also keeps a
+      // NaN scale of a key or row the pair never sees out), into the step's U~ tile.
+      uint32_t u_words[kQueryTile / 8];
+#pragma unroll
+      for (int n = 0; n < kQueryTile / 8; ++n) {
+        float x[4];
+#pragma unroll
+        for (int el = 0; el < 4; ++el) {
+          const int r = el >> 1, i = 8 * n + 2 * t + (el & 1);
+          x[el] = e[4 * n + el] * k_pow[r] * st.consts.dq[i].x;
+          if (!interior) x[el] = visible(q0 + i, q_first[r], d.len) ? x[el] : 0.f;
+        }
+        u_words[n] = pack_e4m3x4(x[0], x[1], x[2], x[3]);
+      }
+      dq_partials::store_u_transposed<kQueryTile>(smem_address(sm.tail.partials.u[use & 1]), u_words, warp, lane);
+      dq_partials::fence_shared_for_async();
+    }
 
     // dV += P~^T . dO codes;  dK += 2^tau (U~^T . Q codes) (B: the transposed, permuted forms),
     // one wait for both: dK's tile takes 64 more accumulator registers next to dK and dV (its two
@@ -577,12 +657,44 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
     zero(dk_tile);
     register_product<D, kQueryTile, kTransposedLayout>(dk_tile, ua, st.qt);
     wgmma_commit();
+    // Both consumers' U~ halves in the tile (while the products run).
+    if (kDqPartials) dq_partials::named_barrier_sync(dq_partials::kUTileBarrier, 2 * 128);
     wgmma_wait<0>();
     fence_accumulators(dk_tile);
     add_scaled_rows(dk_acc, dk_tile, tau.pow);
     fence_accumulators(dv_acc);
-    if (lane == 0) sm.ring.arrive_empty(use);  // this warp is done with the step's tiles
+    if constexpr (kDqPartials) {
+      // dQ partial = U~ . K (this consumer's kDqFeatures features), times 2^(sigma_i + beta_i), 0 on
+      // rows past the document end, as FP16 into this consumer's out tile; one thread adds the tile
+      // into dQ's accumulator (TMA reduce-add) once every thread wrote its rows.
+      const int warp_in_group = warp % 4;
+      float row_factor[2];
+      for (int r = 0; r < 2; ++r) {
+        const int row = 16 * warp_in_group + g + 8 * r;
+        row_factor[r] = q0 + row < d.len ? st.consts.dq[row].y : 0.f;
+      }
+      if (lane == 0) sm.ring.arrive_empty(use);  // this warp is done with the step's tiles
+      float dq_tile[kDqFeatures / 2];
+      wgmma_fence();
+      rows_product<kKeyRows, kDqFeatures, SmemLayout::kSwizzle128B>(
+          dq_tile, sm.tail.partials.u[use & 1], sm.tail.partials.kt + consumer * kDqFeatures * kKeyRows);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(dq_tile);
+      const uint32_t out = smem_address(sm.tail.partials.out[consumer][use & 1]);
+      dq_partials::store_partial_fp16(out, dq_tile, row_factor, warp_in_group, lane);
+      dq_partials::fence_shared_for_async();
+      dq_partials::named_barrier_sync(dq_partials::kOutTileBarrier0 + consumer, 128);
+      if (threadIdx.x % 128 == 0) {
+        dq_partials::tma_reduce_add(args.dq_map, out, consumer * kDqFeatures, at.head, d.begin + q0);
+        dq_partials::bulk_commit();
+        dq_partials::bulk_wait_read<1>();  // the out tile of use - 1 is free for use + 1
+      }
+    } else {
+      if (lane == 0) sm.ring.arrive_empty(use);  // this warp is done with the step's tiles
+    }
   }
+  if (kDqPartials && threadIdx.x % 128 == 0) dq_partials::bulk_wait_all();
   // and with the interior keys
   if (has_interior_steps<kInteriorCodes>(w) && lane == 0) sm.interior_ring.arrive_empty(interior_use);
 
@@ -599,9 +711,11 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
 
 // kTurns: the grid schedule's consumers take turns (attention_shape.h's consumers_take_turns); the
 // persistent schedule, for short documents, never does (the launcher), as turns cost short items.
-template <int D, bool kPersistent, bool kTurns, bool kInteriorCodes>
+// kDqPartials: the FP16 dQ partials (grid schedule, no turns: the consumers meet at every step).
+template <int D, bool kPersistent, bool kTurns, bool kInteriorCodes, bool kDqPartials = false>
 __global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid_constant__ DkdvArgs args) {
   static_assert(!(kPersistent && kTurns), "the persistent schedule (short documents) takes no turns");
+  static_assert(!(kDqPartials && (kPersistent || kTurns || kInteriorCodes)), "FP16 partials: grid, no turns");
   static_assert(!(kTurns && kInteriorCodes), "interior codes are prefix isolation's: its dK dV takes no turns");
   using Schedule = DkdvSchedule<kPersistent>;
   auto& sm = aligned_shared_storage<DkdvSharedFor<D, kPersistent>>();
@@ -632,10 +746,10 @@ __global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid
         [&] {
           run_as_tile_streamer([&](auto streamer) {
             if constexpr (decltype(streamer)::value == 0) {
-              publish_item(args, w, 0, sm);
+              publish_item<D, Schedule::kKeyBuffers, kDqPartials>(args, w, 0, sm);
               sm.keys_ring.arrive_full(0);
             }
-            produce_steps<D, decltype(streamer)::value>(args, w, 0, sm);
+            produce_steps<D, decltype(streamer)::value, Schedule::kKeyBuffers, kDqPartials>(args, w, 0, sm);
           });
           // Warp 1, the interior loader (see produce_items).
           if (threadIdx.x / 32 == 1 && has_interior_steps<kInteriorCodes>(w))
@@ -645,7 +759,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid
           const ConsumerTurns<kTurns> turns{consumer_thread().consumer};
           turns.open();
           sm.keys_ring.wait_full(0);
-          consume<D, Schedule::kKeyBuffers, kTurns, kInteriorCodes>(args, w, 0, 0, 0, sm, turns);
+          consume<D, Schedule::kKeyBuffers, kTurns, kInteriorCodes, kDqPartials>(args, w, 0, 0, 0, sm, turns);
           turns.close();
         });
   }
@@ -674,21 +788,37 @@ int launch_backward_dkdv(const BackwardParams& p, void* stream) {
     }
     if (e != cudaSuccess) return e;
     const auto cuda_stream = static_cast<cudaStream_t>(stream);
+    if (p.dq_partials) {
+      if constexpr (D == kConsumers * kDqFeatures) {
+        if (!dq_partials_supported(D, p.causal, p.interior_codes, p.total_tokens, p.num_docs))
+          return cudaErrorInvalidValue;
+        e = transposed_form_map(args.kt_map, p.k_codes_t, p.t_pitch, p.kv_heads, D, kKeyRows);
+        if (e == cudaSuccess)
+          e = fp16_rows_map(args.dq_map, p.dq, p.total_tokens, p.q_heads, D, p.dq_stride_token, p.dq_stride_head,
+                            kQueryTile, kDqFeatures);
+        if (e != cudaSuccess) return e;
+        return launch_over_tile_slots(backward_dkdv_kernel<D, false, false, false, true>, args,
+                                      kDkdvSharedBytes<D, false, DkdvTailUse::kDqPartials>, kThreads, p.total_tokens,
+                                      p.num_docs, kKeyRows, p.kv_heads, cuda_stream);
+      } else {
+        return cudaErrorInvalidValue;
+      }
+    }
     if (dkdv_runs_persistent(p.total_tokens, p.num_docs)) {
       const int64_t items = order::table_entries(p.total_tokens, p.num_docs) * p.kv_heads;
       if (p.interior_codes)
-        return launch_persistent(backward_dkdv_kernel<D, true, false, true>, args, kDkdvSharedBytes<D, true>, kThreads,
+        return launch_persistent(backward_dkdv_kernel<D, true, false, true>, args, kDkdvSharedBytes<D, true, DkdvTailUse::kInteriorKeys>, kThreads,
                                  items, p.work_counter, cuda_stream);
       return launch_persistent(backward_dkdv_kernel<D, true, false, false>, args,
-                               kDkdvSharedBytesWithoutInterior<D, true>, kThreads, items, p.work_counter, cuda_stream);
+                               kDkdvSharedBytes<D, true, DkdvTailUse::kNone>, kThreads, items, p.work_counter, cuda_stream);
     }
     if (p.interior_codes)  // prefix isolation: per-query Q and dO scales, no turns
-      return launch_over_tile_slots(backward_dkdv_kernel<D, false, false, true>, args, kDkdvSharedBytes<D, false>,
+      return launch_over_tile_slots(backward_dkdv_kernel<D, false, false, true>, args, kDkdvSharedBytes<D, false, DkdvTailUse::kInteriorKeys>,
                                     kThreads, p.total_tokens, p.num_docs, kKeyRows, p.kv_heads, cuda_stream);
     const auto grid_kernel = consumers_take_turns(p.group_scales, p.total_tokens, p.num_docs)
                                  ? backward_dkdv_kernel<D, false, true, false>
                                  : backward_dkdv_kernel<D, false, false, false>;
-    return launch_over_tile_slots(grid_kernel, args, kDkdvSharedBytesWithoutInterior<D, false>, kThreads,
+    return launch_over_tile_slots(grid_kernel, args, kDkdvSharedBytes<D, false, DkdvTailUse::kNone>, kThreads,
                                   p.total_tokens, p.num_docs, kKeyRows, p.kv_heads, cuda_stream);
   });
 }

@@ -5,12 +5,17 @@
 // and one 16-byte load of O each (one warp per row with 1- and 2-byte loads took 174 us per
 // 16x4096 call, half of DRAM's bandwidth). The sum's order (8 products per lane, then a butterfly
 // over the row's lanes) is fixed, so D_i is deterministic.
+// With dq_partials the same pass also forms each row's dQ factors sigma_i and beta_i
+// (core/dq_partials.h, from |cg_i| summed in the same order) and zeroes the row's FP16 dQ
+// accumulator; launch_backward_dq_finish turns the accumulator into BF16 dQ after the dK dV pass.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <type_traits>
 
+#include "core/dq_partials.h"
 #include "cuda/sm90/backward.h"
 #include "cuda/sm90/fp8_math.cuh"
 
@@ -22,50 +27,123 @@ constexpr int kFeaturesPerLane = 8;  // an 8-byte load of codes, a 16-byte load 
 template <int D>
 constexpr int kRowsPerWarp = 32 / (D / kFeaturesPerLane);
 
+// Where a lane's 8 features sit: a row (token, query head) per D / 8 lanes.
 template <int D>
+struct PrepLane {
+  static constexpr int kLanesPerRow = D / kFeaturesPerLane;
+  static_assert(kLanesPerRow * kFeaturesPerLane == D && kRowsPerWarp<D> * kLanesPerRow == 32, "rows split a warp evenly");
+  int64_t row, token;  // row = token * Hq + head
+  int head, f0;
+  bool valid;  // every lane shuffles, valid or not
+  __device__ PrepLane(const BackwardParams& p) {
+    const int lane = int(threadIdx.x) % 32;
+    const int64_t warp = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+    row = warp * kRowsPerWarp<D> + lane / kLanesPerRow;
+    valid = row < int64_t(p.total_tokens) * p.q_heads;
+    token = row / p.q_heads;
+    head = int(row % p.q_heads);
+    f0 = lane % kLanesPerRow * kFeaturesPerLane;
+  }
+  // The sum over the row's lanes (a butterfly: a fixed order).
+  __device__ static float row_sum(float x) {
+#pragma unroll
+    for (int m = kLanesPerRow / 2; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+    return x;
+  }
+};
+
+template <int D>
+__device__ __forceinline__ __nv_bfloat16* dq_row(const BackwardParams& p, const PrepLane<D>& at) {
+  return static_cast<__nv_bfloat16*>(p.dq) + at.token * p.dq_stride_token + at.head * p.dq_stride_head;
+}
+
+template <int D, bool kDqPartials>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) backward_prep_kernel(const BackwardParams p) {
-  constexpr int kLanesPerRow = D / kFeaturesPerLane;
-  static_assert(kLanesPerRow * kFeaturesPerLane == D && kRowsPerWarp<D> * kLanesPerRow == 32,
-                "rows split a warp evenly");
-  const int lane = int(threadIdx.x) % 32;
-  const int64_t warp = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const int64_t row = warp * kRowsPerWarp<D> + lane / kLanesPerRow;  // token * Hq + head
-  const bool valid = row < int64_t(p.total_tokens) * p.q_heads;   // every lane shuffles below
-  const int64_t token = row / p.q_heads;
-  const int head = int(row % p.q_heads);
-  const int f0 = lane % kLanesPerRow * kFeaturesPerLane;
-  float sum = 0.f;
-  if (valid) {
-    const uint2 codes = __ldg(reinterpret_cast<const uint2*>(p.g_codes + row * D + f0));
-    const auto* o_row = static_cast<const __nv_bfloat16*>(p.o) + token * p.o_stride_token + head * p.o_stride_head;
-    const uint4 o = __ldg(reinterpret_cast<const uint4*>(o_row + f0));  // rows are 16-byte aligned (C API)
+  const PrepLane<D> at(p);
+  float sum = 0.f, squares = 0.f;
+  if (at.valid) {
+    const uint2 codes = __ldg(reinterpret_cast<const uint2*>(p.g_codes + at.row * D + at.f0));
+    const auto* o_row = static_cast<const __nv_bfloat16*>(p.o) + at.token * p.o_stride_token + at.head * p.o_stride_head;
+    const uint4 o = __ldg(reinterpret_cast<const uint4*>(o_row + at.f0));  // rows are 16-byte aligned (C API)
     const uint32_t o_words[4] = {o.x, o.y, o.z, o.w}, code_words[2] = {codes.x, codes.y};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {  // features f0 + 2k, f0 + 2k + 1
       const float2 g = decode_e4m3x2(uint16_t(code_words[k / 2] >> (16 * (k % 2))));
       sum = fmaf(g.x, __uint_as_float(o_words[k] << 16), sum);
       sum = fmaf(g.y, __uint_as_float(o_words[k] & 0xFFFF0000u), sum);
+      if (kDqPartials) {
+        squares = fmaf(g.x, g.x, squares);
+        squares = fmaf(g.y, g.y, squares);
+      }
     }
+    if (kDqPartials) *reinterpret_cast<uint4*>(dq_row<D>(p, at) + at.f0) = make_uint4(0, 0, 0, 0);  // FP16 zeros
   }
+  sum = PrepLane<D>::row_sum(sum);
+  if (kDqPartials) squares = PrepLane<D>::row_sum(squares);
+  if (!at.valid || at.f0 != 0) return;
+  const uint8_t g_scale = p.g_scales[at.row];
+  const float delta = sum * pow2_of_scale(g_scale);
+  const int64_t out = int64_t(at.head) * p.total_tokens + at.token;
+  p.delta[out] = delta;
+  if (!kDqPartials) return;
+  const int64_t key_row = at.token * p.kv_heads + at.head / (p.q_heads / p.kv_heads);
+  const uint8_t ek = p.k_scale_prefix_max[key_row], ev = p.v_scale_prefix_max[key_row];
+  using formats::ue8m0_is_nan, formats::ue8m0_exponent;
+  dq_partials::RowInputs in;
+  in.code_norm = sqrtf(squares);
+  in.nan_scale = ue8m0_is_nan(g_scale) || ue8m0_is_nan(ek) || ue8m0_is_nan(ev);
+  in.eg = in.nan_scale ? 0 : ue8m0_exponent(g_scale);
+  in.ek_max = in.nan_scale ? 0 : ue8m0_exponent(ek);
+  in.ev_max = in.nan_scale ? 0 : ue8m0_exponent(ev);
+  in.delta = delta;
+  in.p_max = p.row_max_prob[out];
+  const dq_partials::RowFactors f = dq_partials::row_factors(in, D);
+  p.dq_sigma[out] = f.sigma;
+  p.dq_beta[out] = f.beta;
+}
+
+// dQ = scale 2^-beta_i acc_i: the FP16 accumulator, read and rewritten as BF16 in place.
+template <int D>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) backward_dq_finish_kernel(const BackwardParams p) {
+  const PrepLane<D> at(p);
+  if (!at.valid) return;
+  const float factor = p.softmax_scale * pow2i(-int(p.dq_beta[int64_t(at.head) * p.total_tokens + at.token]));
+  auto* row = dq_row<D>(p, at) + at.f0;
+  const uint4 acc = *reinterpret_cast<const uint4*>(row);
+  uint32_t words[4] = {acc.x, acc.y, acc.z, acc.w};
 #pragma unroll
-  for (int m = kLanesPerRow / 2; m > 0; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
-  if (valid && f0 == 0) p.delta[int64_t(head) * p.total_tokens + token] = sum * pow2_of_scale(p.g_scales[row]);
+  for (int k = 0; k < 4; ++k) {
+    const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&words[k]));
+    const __nv_bfloat162 y = __floats2bfloat162_rn(x.x * factor, x.y * factor);
+    words[k] = *reinterpret_cast<const uint32_t*>(&y);
+  }
+  *reinterpret_cast<uint4*>(row) = make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+// One thread block per kWarpsPerBlock warps of rows, for the head dims built.
+template <class Kernel64, class Kernel128>
+int launch_over_rows(const BackwardParams& p, void* stream, Kernel64 kernel64, Kernel128 kernel128) {
+  const int64_t rows = int64_t(p.total_tokens) * p.q_heads;
+  auto s = static_cast<cudaStream_t>(stream);
+  auto blocks = [&](int d) {
+    const int64_t per_block = int64_t(kWarpsPerBlock) * (32 / (d / kFeaturesPerLane));
+    return unsigned((rows + per_block - 1) / per_block);
+  };
+  if (p.head_dim == 128) kernel128<<<blocks(128), kWarpsPerBlock * 32, 0, s>>>(p);
+  else if (p.head_dim == 64) kernel64<<<blocks(64), kWarpsPerBlock * 32, 0, s>>>(p);
+  else return int(cudaErrorInvalidValue);
+  return int(cudaGetLastError());
 }
 
 }  // namespace
 
 int launch_backward_prep(const BackwardParams& p, void* stream) {
-  const int64_t rows = int64_t(p.total_tokens) * p.q_heads;
-  auto s = static_cast<cudaStream_t>(stream);
-  auto launch = [&](auto d) {
-    constexpr int D = decltype(d)::value;
-    const int64_t rows_per_block = int64_t(kWarpsPerBlock) * kRowsPerWarp<D>;
-    backward_prep_kernel<D><<<unsigned((rows + rows_per_block - 1) / rows_per_block), kWarpsPerBlock * 32, 0, s>>>(p);
-  };
-  if (p.head_dim == 128) launch(std::integral_constant<int, 128>{});
-  else if (p.head_dim == 64) launch(std::integral_constant<int, 64>{});
-  else return int(cudaErrorInvalidValue);
-  return int(cudaGetLastError());
+  if (p.dq_partials) return launch_over_rows(p, stream, backward_prep_kernel<64, true>, backward_prep_kernel<128, true>);
+  return launch_over_rows(p, stream, backward_prep_kernel<64, false>, backward_prep_kernel<128, false>);
+}
+
+int launch_backward_dq_finish(const BackwardParams& p, void* stream) {
+  return launch_over_rows(p, stream, backward_dq_finish_kernel<64>, backward_dq_finish_kernel<128>);
 }
 
 }  // namespace flamia::cuda::sm90

@@ -27,6 +27,9 @@ struct ForwardParams : AttentionShape {
   void* o;                    // BF16 [T, Hq, D] with the strides below (elements)
   int64_t o_stride_token, o_stride_head;
   float* lse;  // [Hq, T], natural log
+  // [Hq, T]: 1 / l_i = exp(m_i - LSE_i), the row's largest probability, which bounds U's row scale
+  // in the FP16-partials backward (core/dq_partials.h); null: not written (inference calls).
+  float* row_max_prob;
   int* work_counter;  // the persistent kernel's item counter (launch.cuh; zeroed by the launch)
 };
 

@@ -536,7 +536,10 @@ __device__ __forceinline__ void store_item_output(const ForwardParams& p, const 
     const float out_factor = it.fold_bias[r] == kNaNExponent ? pow2i(kNaNExponent) : pow2i(-it.fold_bias[r]);
     const float f = out_factor / l[r];
     store_row_bf16(o_acc, r, f, o + tok * p.o_stride_token + h * p.o_stride_head, t, it.row_valid[r]);
-    if (it.row_valid[r] && t == 0) p.lse[size_t(h) * p.total_tokens + tok] = (m[r] + log2f(l[r])) * kLn2;
+    if (it.row_valid[r] && t == 0) {
+      p.lse[size_t(h) * p.total_tokens + tok] = (m[r] + log2f(l[r])) * kLn2;
+      if (p.row_max_prob != nullptr) p.row_max_prob[size_t(h) * p.total_tokens + tok] = 1.f / l[r];
+    }
   }
 }
 

@@ -25,17 +25,33 @@ CUtensorMapSwizzle swizzle_for_row(int row_bytes) {
   return row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
 }
 
+cudaError_t make_tensor_map(CUtensorMap& map, CUtensorMapDataType type, const void* base, int rank,
+                            const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                            CUtensorMapSwizzle swizzle) {
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = encode(&map, type, cuuint32_t(rank), const_cast<void*>(base), dims, strides, box,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 }  // namespace
 
 cudaError_t make_byte_tensor_map(CUtensorMap& map, const void* base, int rank, const cuuint64_t* dims,
                                  const cuuint64_t* strides, const cuuint32_t* box, CUtensorMapSwizzle swizzle) {
-  const auto encode = tensor_map_encoder();
-  if (encode == nullptr) return cudaErrorNotSupported;
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, cuuint32_t(rank), const_cast<void*>(base), dims,
-                            strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+  return make_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, base, rank, dims, strides, box, swizzle);
+}
+
+cudaError_t fp16_rows_map(CUtensorMap& map, const void* base, int tokens, int heads, int dim, int64_t stride_token,
+                          int64_t stride_head, int box_rows, int box_features) {
+  constexpr int kBytes = 2;
+  if (box_features * kBytes != 128 || stride_token % 8 != 0 || stride_head % 8 != 0) return cudaErrorInvalidValue;
+  const cuuint64_t dims[3] = {cuuint64_t(dim), cuuint64_t(heads), cuuint64_t(tokens)};
+  const cuuint64_t strides[2] = {cuuint64_t(stride_head) * kBytes, cuuint64_t(stride_token) * kBytes};
+  const cuuint32_t box[3] = {cuuint32_t(box_features), 1, cuuint32_t(box_rows)};
+  return make_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, base, 3, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 cudaError_t rows_form_map(CUtensorMap& map, const uint8_t* codes, int tokens, int heads, int dim, int box_rows) {

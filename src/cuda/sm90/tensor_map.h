@@ -25,6 +25,12 @@ cudaError_t make_byte_tensor_map(CUtensorMap& map, const void* base, int rank, c
 //  - transposed form, codes [heads * dim, pitch]: a box of the dim feature rows of one head x
 //    box_tokens token slots, loaded at coordinates {slot, head * dim}.
 cudaError_t rows_form_map(CUtensorMap& map, const uint8_t* codes, int tokens, int heads, int dim, int box_rows);
+// An FP16 [tokens, heads, dim] tensor with element strides stride_token, stride_head (multiples of
+// 8: 16-byte rows), in boxes of box_rows tokens x box_features features (128-byte rows, 128-byte
+// swizzle) of one head at coordinates {feature, head, token}: the FP16 dQ accumulator that TMA
+// reduce-adds into.
+cudaError_t fp16_rows_map(CUtensorMap& map, const void* base, int tokens, int heads, int dim, int64_t stride_token,
+                          int64_t stride_head, int box_rows, int box_features);
 cudaError_t transposed_form_map(CUtensorMap& map, const uint8_t* codes_t, int64_t pitch, int heads, int dim,
                                 int box_tokens);
 
