@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -20,9 +21,39 @@ namespace {
 
 using analysis::compare;
 
-// Long enough on average for the grid schedule of dK dV (backward.h), with unaligned starts, a
-// document of one token and one shorter than a key tile.
-const std::vector<int> kLengths = {1000, 1, 4097, 129, 700, 2500};
+// Long enough on average for the FP16 partials (backward.h's kDqPartialsFromMeanDocument), with
+// unaligned starts, a document of one token and one shorter than a key tile. The FP64 reference runs
+// on the first kCheckedDocs documents (a CPU-sized problem); the long last one is compared with the
+// deterministic backward.
+const std::vector<int> kLengths = {1, 129, 3000, 700, 37200};
+constexpr int kCheckedDocs = 4;
+
+// The first n documents of `in`, alone (document isolation: their outputs do not depend on the rest).
+analysis::AttentionInputs first_documents(const analysis::AttentionInputs& in, int n) {
+  std::vector<int> lengths;
+  for (int d = 0; d < n; ++d) lengths.push_back(in.docs.length(d));
+  const int tokens = in.docs.end(n - 1);
+  auto slice = [tokens](const reference::PackedTensor& t) {
+    reference::PackedTensor out(tokens, t.heads, t.dim);
+    std::copy_n(t.data.begin(), out.data.size(), out.data.begin());
+    return out;
+  };
+  return {Documents::from_lengths(lengths), slice(in.q), slice(in.k), slice(in.v), slice(in.dout)};
+}
+// dQ of the first kCheckedDocs documents: GPU rows against the FP64 reference of those documents.
+struct Checked {
+  analysis::Comparison fast, deterministic;
+};
+Checked against_fp64(const analysis::AttentionInputs& in, const reference::PackedTensor& fast,
+                     const reference::PackedTensor& deterministic) {
+  const auto sub = first_documents(in, kCheckedDocs);
+  const reference::AttentionShape shape{};
+  const auto fwd = reference::reference_forward(sub.q, sub.k, sub.v, sub.docs, shape);
+  const auto ref = reference::reference_backward(sub.q, sub.k, sub.v, fwd.o, fwd.lse, sub.dout, sub.docs, shape);
+  const size_t n = ref.dq.data.size();
+  return {compare(std::span(fast.data.data(), n), ref.dq.data),
+          compare(std::span(deterministic.data.data(), n), ref.dq.data)};
+}
 
 bool same_bits(const reference::PackedTensor& a, const reference::PackedTensor& b) {
   return a.data.size() == b.data.size() && std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(double)) == 0;
@@ -55,16 +86,12 @@ TEST(DqPartials, MatchTheDeterministicBackwardAndMeetTheBars) {
   for (const auto& [q_heads, kv_heads] : {std::pair{8, 2}, std::pair{4, 4}}) {
     const auto in = analysis::random_inputs({kLengths, q_heads, kv_heads, 128}, 77 + q_heads);
     const auto [fast, exact] = run_both(in, NumericsOptions{});
-    const auto ref_fwd = reference::reference_forward(in.q, in.k, in.v, in.docs, reference::AttentionShape{});
-    const auto ref = reference::reference_backward(in.q, in.k, in.v, ref_fwd.o, ref_fwd.lse, in.dout, in.docs,
-                                                   reference::AttentionShape{});
     EXPECT_TRUE(same_bits(fast.dk, exact.dk));
     EXPECT_TRUE(same_bits(fast.dv, exact.dv));
     EXPECT_FALSE(same_bits(*fast.forward.dq, *exact.forward.dq)) << "the FP16 partials did not run";
     ASSERT_TRUE(all_finite(*fast.forward.dq));
     const auto vs_exact = compare(fast.forward.dq->data, exact.forward.dq->data);
-    const auto vs_ref = compare(fast.forward.dq->data, ref.dq.data);
-    const auto exact_vs_ref = compare(exact.forward.dq->data, ref.dq.data);
+    const auto [vs_ref, exact_vs_ref] = against_fp64(in, *fast.forward.dq, *exact.forward.dq);
     RecordProperty("cos_dq_vs_deterministic_h" + std::to_string(q_heads), std::to_string(vs_exact.cosine));
     RecordProperty("cos_dq_vs_fp64_h" + std::to_string(q_heads), std::to_string(vs_ref.cosine));
     RecordProperty("cos_dq_deterministic_vs_fp64_h" + std::to_string(q_heads), std::to_string(exact_vs_ref.cosine));
@@ -75,7 +102,10 @@ TEST(DqPartials, MatchTheDeterministicBackwardAndMeetTheBars) {
 }
 
 // Inputs whose dQ would overflow FP16 (large q, k or dO) or underflow it (tiny dO) without the
-// boost, and a document of identical rows: finite dQ, as accurate as the deterministic one.
+// boost, and a document of identical rows: finite dQ, within rounding of the deterministic dQ, and
+// as close to FP64 as it. Where the MXFP8 route itself misses the bar (q and k x30: logits ~900
+// apart, which E4M3 cannot order; identical rows: an exactly-zero FP64 dQ that rounding noise
+// dominates), the bar is the deterministic dQ's cosine.
 TEST(DqPartials, RangeTestsGiveFiniteGradientsWithinTheBars) {
   FLAMIA_REQUIRE_GPU();
   struct Range {
@@ -89,7 +119,7 @@ TEST(DqPartials, RangeTestsGiveFiniteGradientsWithinTheBars) {
     for (double& x : in.q.data) x *= r.qk;
     for (double& x : in.k.data) x *= r.qk;
     for (double& x : in.dout.data) x *= r.dout;
-    if (r.constant_rows) {  // document 2 (4097 tokens): every token's q, k, v the same as its first
+    if (r.constant_rows) {  // document 2 (3000 tokens): every token's q, k, v the same as its first
       const int begin = in.docs.begin(2), end = in.docs.end(2);
       for (auto* t : {&in.q, &in.k, &in.v})
         for (int token = begin + 1; token < end; ++token)
@@ -99,19 +129,17 @@ TEST(DqPartials, RangeTestsGiveFiniteGradientsWithinTheBars) {
     for (auto* t : {&in.q, &in.k, &in.v, &in.dout})
       for (double& x : t->data) x = double(__bfloat162float(__float2bfloat16(float(x))));
     const auto [fast, exact] = run_both(in, NumericsOptions{});
-    const auto ref_fwd = reference::reference_forward(in.q, in.k, in.v, in.docs, reference::AttentionShape{});
-    const auto ref = reference::reference_backward(in.q, in.k, in.v, ref_fwd.o, ref_fwd.lse, in.dout, in.docs,
-                                                   reference::AttentionShape{});
     ASSERT_TRUE(all_finite(*fast.forward.dq)) << r.name;
     EXPECT_TRUE(all_finite(fast.dk) && all_finite(fast.dv)) << r.name;
     const auto vs_exact = compare(fast.forward.dq->data, exact.forward.dq->data);
-    const auto vs_ref = compare(fast.forward.dq->data, ref.dq.data);
-    const auto exact_vs_ref = compare(exact.forward.dq->data, ref.dq.data);
+    const auto [vs_ref, exact_vs_ref] = against_fp64(in, *fast.forward.dq, *exact.forward.dq);
     RecordProperty(std::string("cos_dq_vs_deterministic_") + r.name, std::to_string(vs_exact.cosine));
     RecordProperty(std::string("cos_dq_vs_fp64_") + r.name, std::to_string(vs_ref.cosine));
     RecordProperty(std::string("cos_dq_deterministic_vs_fp64_") + r.name, std::to_string(exact_vs_ref.cosine));
     EXPECT_GE(vs_exact.cosine, 0.9999) << r.name;
-    EXPECT_GE(vs_ref.cosine, 0.997) << r.name << " (docs/DESIGN.md §4 bar)";
+    const bool route_meets_the_bar = r.qk == 1.0 && !r.constant_rows;
+    EXPECT_TRUE(route_meets_the_bar == (exact_vs_ref.cosine >= 0.997)) << r.name << ": " << exact_vs_ref.cosine;
+    EXPECT_GE(vs_ref.cosine, route_meets_the_bar ? 0.997 : exact_vs_ref.cosine - 1e-3) << r.name;
   }
 }
 
@@ -119,9 +147,9 @@ TEST(DqPartials, RangeTestsGiveFiniteGradientsWithinTheBars) {
 TEST(DqPartials, NaNStaysInItsDocument) {
   FLAMIA_REQUIRE_GPU();
   auto in = analysis::random_inputs({kLengths, 8, 2, 128}, 9);
-  // Key 300 of document 2: its 32-token scale group (keys 288..319) decodes as NaN, so the rows
-  // from 288 on, in the query heads of KV head 1, see NaN.
-  const int doc = 2, token = in.docs.begin(doc) + 300, group_begin = in.docs.begin(doc) + 288;
+  // Key 300 of the long document: its 32-token scale group (keys 288..319) decodes as NaN, so the
+  // rows from 288 on, in the query heads of KV head 1, see NaN.
+  const int doc = 4, token = in.docs.begin(doc) + 300, group_begin = in.docs.begin(doc) + 288;
   in.k.at(token, 1, 5) = NAN;
   TrainingCall fast(in, NumericsOptions{}, true, QkvHandOver::kSavedCodes);
   const auto got = fast.run_training();
