@@ -75,7 +75,7 @@ CallError quantize_qkv(const flamia_tensor& q, const flamia_tensor& k, const fla
 
 // The forward after quantization, over the codes already in qkv: the V fold reference, the work
 // order and the forward kernel, into workspace's regions of ws, on stream (flamia_forward's second
-// half; bench/quantize_beside.cu runs it apart from the quantization).
+// half, to be folded back into it).
 CallError attend_codes(const flamia_tensor& q, const flamia_tensor& k, const flamia_documents& docs,
                        const flamia_options& options, const NumericsOptions& numerics, const QkvCodePointers& qkv,
                        int64_t interior_scales_shift, uint8_t* workspace, const ForwardWorkspace& ws, flamia_tensor* o,
