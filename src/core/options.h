@@ -35,7 +35,7 @@ struct NumericsOptions {
   ScaleGeometry scale_geometry = ScaleGeometry::kBlock32;
   ScaleRule scale_rule = ScaleRule::kCeil;
   UScaleGeometry u_scale = UScaleGeometry::kRowCol;
-  int p_boost_log2 = 8;    // P is rounded as E4M3(p * 2^boost * fold); §5 "range budget"
+  int p_boost_log2 = 8;    // P is rounded as E4M3(p * 2^boost * fold); docs/DESIGN.md §2, "P and its boost"
   bool hadamard = false;   // rotate Q and K along features before quantizing (D a multiple of 64)
 
   // Prefix isolation closes the 32-token groups that straddle a query by giving the loaded
