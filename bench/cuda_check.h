@@ -1,4 +1,4 @@
-// CHECK(call) for the standalone CUDA benchmark tools (pipe_rates.cu, quantize_beside.cu): a
+// CHECK(call) for the standalone CUDA benchmark tools (pipe_rates.cu): a
 // failed CUDA runtime call prints itself and the error, and exits with status 1.
 #pragma once
 

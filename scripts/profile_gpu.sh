@@ -58,7 +58,7 @@ for (kid, name), m in by_kernel.items():
         if key in m:
             print(f"      {key:28s} {m[key][0]} {m[key][1]}")
 PY
-# From the raw metrics: L2 throughput (the attention kernels were L2-bound in session 9), pipe
+# From the raw metrics: L2 throughput (an L2-bound attention kernel shows here), pipe
 # utilization, and the stall reasons per issued instruction (cycles), largest first.
 ncu --import "$OUT_DIR/profile.ncu-rep" --page raw --csv > "$OUT_DIR/profile-raw.csv"
 "$PYTHON" - "$OUT_DIR/profile-raw.csv" <<'PY'

@@ -73,15 +73,6 @@ CallError quantize_qkv(const flamia_tensor& q, const flamia_tensor& k, const fla
                        const flamia_documents& docs, const NumericsOptions& numerics, const QkvCodePointers& dst,
                        cudaStream_t stream);
 
-// The forward after quantization, over the codes already in qkv: the V fold reference, the work
-// order and the forward kernel, into workspace's regions of ws, on stream (flamia_forward's second
-// half; bench/quantize_beside.cu runs it apart from the quantization). row_max_prob: where the
-// forward keeps 1 / l_i for the backward, or null.
-CallError attend_codes(const flamia_tensor& q, const flamia_tensor& k, const flamia_documents& docs,
-                       const flamia_options& options, const NumericsOptions& numerics, const QkvCodePointers& qkv,
-                       int64_t interior_scales_shift, uint8_t* workspace, const ForwardWorkspace& ws, flamia_tensor* o,
-                       float* lse, float* row_max_prob, cudaStream_t stream);
-
 // The softmax scale the kernels use: options.softmax_scale, or 1/sqrt(D) when it is 0.
 float resolved_softmax_scale(const flamia_options& options, int head_dim);
 

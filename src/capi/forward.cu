@@ -19,42 +19,10 @@
 namespace flamia::capi {
 namespace {
 
-// codes: kInWorkspace for flamia_forward, kSaved for flamia_forward_train (q, k and v quantized
-// into saved_codes, in every layout the backward reads too).
-CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v, const flamia_documents* docs,
-                  const flamia_options* options, flamia_tensor* o, float* lse, QkvCodes codes, void* saved_codes,
-                  size_t saved_codes_bytes, void* workspace, size_t workspace_bytes, void* stream) {
-  if (CallError e = validate_forward(q, k, v, docs, options, o, lse); !e.ok()) return e;
-  const bool saving = codes == QkvCodes::kSaved;
-  // Prefix isolation: per-token scales, and with block32 geometry K's and V's interior codes too.
-  const NumericsOptions numerics = numerics_options(*options);
-  const bool interior = numerics.interior_codes();
-  const ForwardWorkspace ws =
-      forward_workspace_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, interior, codes);
-  const SavedCodes saved = saved_codes_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, interior);
-  if (CallError e = check_caller_buffers(ws, saving ? "flamia_forward_train_workspace_size" : "flamia_forward_workspace_size",
-                                         workspace, workspace_bytes, codes, saved, saved_codes, saved_codes_bytes);
-      !e.ok())
-    return e;
-  if (CallError e = check_device(); !e.ok()) return e;
-
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  uint8_t* const base = static_cast<uint8_t*>(workspace);
-
-  const QkvCodePointers qkv =
-      saving ? qkv_code_pointers(static_cast<uint8_t*>(saved_codes), saved) : qkv_code_pointers(base, ws);
-  if (CallError e = quantize_qkv(*q, *k, *v, *docs, numerics, qkv, s); !e.ok()) return e;
-  // The saving forward keeps each row's largest probability for the backward's FP16 dQ partials.
-  float* row_max_prob =
-      saving ? reinterpret_cast<float*>(region_pointer(static_cast<uint8_t*>(saved_codes), saved.row_max_prob)) : nullptr;
-  return attend_codes(*q, *k, *docs, *options, numerics, qkv,
-                      saving ? interior_scales_shift(saved) : interior_scales_shift(ws), base, ws, o, lse,
-                      row_max_prob, s);
-}
-
-}  // namespace
-
-CallError attend_codes(const flamia_tensor& q, const flamia_tensor& k, const flamia_documents& docs,
+// The forward after quantization, over the codes already in qkv: the V fold reference, the work
+// order and the forward kernel, into workspace's regions of ws, on stream. row_max_prob: where the
+// forward keeps 1 / l_i for the backward, or null.
+CallError attend(const flamia_tensor& q, const flamia_tensor& k, const flamia_documents& docs,
                        const flamia_options& options, const NumericsOptions& numerics, const QkvCodePointers& qkv,
                        int64_t interior_scales_shift, uint8_t* workspace, const ForwardWorkspace& ws, flamia_tensor* o,
                        float* lse, float* row_max_prob, cudaStream_t s) {
@@ -92,6 +60,40 @@ CallError attend_codes(const flamia_tensor& q, const flamia_tensor& k, const fla
   return CallError::success();
 }
 
+// codes: kInWorkspace for flamia_forward, kSaved for flamia_forward_train (q, k and v quantized
+// into saved_codes, in every layout the backward reads too).
+CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v, const flamia_documents* docs,
+                  const flamia_options* options, flamia_tensor* o, float* lse, QkvCodes codes, void* saved_codes,
+                  size_t saved_codes_bytes, void* workspace, size_t workspace_bytes, void* stream) {
+  if (CallError e = validate_forward(q, k, v, docs, options, o, lse); !e.ok()) return e;
+  const bool saving = codes == QkvCodes::kSaved;
+  // Prefix isolation: per-token scales, and with block32 geometry K's and V's interior codes too.
+  const NumericsOptions numerics = numerics_options(*options);
+  const bool interior = numerics.interior_codes();
+  const ForwardWorkspace ws =
+      forward_workspace_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, interior, codes);
+  const SavedCodes saved = saved_codes_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, interior);
+  if (CallError e = check_caller_buffers(ws, saving ? "flamia_forward_train_workspace_size" : "flamia_forward_workspace_size",
+                                         workspace, workspace_bytes, codes, saved, saved_codes, saved_codes_bytes);
+      !e.ok())
+    return e;
+  if (CallError e = check_device(); !e.ok()) return e;
+
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  uint8_t* const base = static_cast<uint8_t*>(workspace);
+
+  const QkvCodePointers qkv =
+      saving ? qkv_code_pointers(static_cast<uint8_t*>(saved_codes), saved) : qkv_code_pointers(base, ws);
+  if (CallError e = quantize_qkv(*q, *k, *v, *docs, numerics, qkv, s); !e.ok()) return e;
+  // The saving forward keeps each row's largest probability for the backward's FP16 dQ partials.
+  float* row_max_prob =
+      saving ? reinterpret_cast<float*>(region_pointer(static_cast<uint8_t*>(saved_codes), saved.row_max_prob)) : nullptr;
+  return attend(*q, *k, *docs, *options, numerics, qkv,
+                      saving ? interior_scales_shift(saved) : interior_scales_shift(ws), base, ws, o, lse,
+                      row_max_prob, s);
+}
+
+}  // namespace
 }  // namespace flamia::capi
 
 extern "C" flamia_status flamia_forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,

@@ -1,5 +1,5 @@
 // The user-facing numerical options of an attention call, shared by the CPU emulation, the
-// CUDA kernels and the tests. DESIGN.md §1-§3 define what each one means.
+// CUDA kernels and the tests. docs/DESIGN.md §1-§3 define what each one means.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,7 @@ namespace flamia {
 
 using formats::ScaleRule;
 
-// Which dependencies a call guarantees to respect (DESIGN.md §3).
+// Which dependencies a call guarantees to respect (docs/DESIGN.md §3).
 enum class Isolation : uint8_t {
   kDocument,  // outputs depend only on their own document (default)
   kPrefix,    // and, for query i, O_i, LSE_i and dQ_i depend only on positions <= i
@@ -35,7 +35,7 @@ struct NumericsOptions {
   ScaleGeometry scale_geometry = ScaleGeometry::kBlock32;
   ScaleRule scale_rule = ScaleRule::kCeil;
   UScaleGeometry u_scale = UScaleGeometry::kRowCol;
-  int p_boost_log2 = 8;    // P is rounded as E4M3(p * 2^boost * fold); §5 "range budget"
+  int p_boost_log2 = 8;    // P is rounded as E4M3(p * 2^boost * fold); docs/DESIGN.md §2, "P and its boost"
   bool hadamard = false;   // rotate Q and K along features before quantizing (D a multiple of 64)
 
   // Prefix isolation closes the 32-token groups that straddle a query by giving the loaded

@@ -32,7 +32,7 @@ inline constexpr int kUSquare = 32;
 // frontier for each of its query tiles.
 // Why two tiles: K and V are encoded twice for the interior pairs, a cost per token; with a
 // frontier of one tile short documents (tiny-unaligned, 236 tokens on average) paid it on 72% of
-// their tokens for 63% of their pairs (prefix / default 1.13 there, H200, session 22), with two on
+// their tokens for 63% of their pairs (prefix / default 1.13 there on the H200), with two on
 // 34% for 21%, while long ones keep > 90% of their pairs interior.
 inline constexpr int kFrontierTile = 128;
 inline constexpr int kFrontierTiles = 2;

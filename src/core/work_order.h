@@ -15,7 +15,7 @@
 // one head's K and V, which then stay in L2. Items of equal cost take no fixed order among
 // themselves (the builder ranks them with atomics): the schedule, never the results, may differ
 // between runs, as which SM takes which item already does.
-// Who uses it (H200, session 24, against the document-major slot order; docs/KERNELS.md): the
+// Who uses it (measured on the H200 against the document-major slot order; docs/KERNELS.md): the
 // forward (-1.8% on 16x4096, -3% on 8x8192 and longtail) and dQ (-2.0%, -2.8%, -4%; +1.3% on
 // tiny-unaligned), and dK dV's persistent schedule (short documents; -5.5% on 8192+224x256). dK
 // dV's grid schedule keeps the slot order: with this one the equal-length rows were 2.5-4% slower

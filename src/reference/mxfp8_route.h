@@ -1,4 +1,4 @@
-// The emulated MXFP8 attention route (DESIGN.md §2): the spec of record for the Hopper kernels.
+// The emulated MXFP8 attention route (docs/DESIGN.md §2): the spec of record for the Hopper kernels.
 //
 // Quantization is bit-exact (the same codes and scales the GPU must produce); products are
 // accumulated in double. The tile structure that decides rounding (which running max P is
@@ -34,7 +34,7 @@
 
 namespace flamia::reference {
 
-// Diagnostics of one emulated call (DESIGN.md §4).
+// Diagnostics of one emulated call (docs/DESIGN.md §4).
 struct RouteStats {
   int64_t saturated_q = 0, saturated_k = 0, saturated_v = 0, saturated_g = 0;  // loaded operands
   int64_t saturated_p = 0, saturated_u = 0;                                    // fresh operands

@@ -1,5 +1,5 @@
 // Quantizers of the CPU emulation: bit-exact codes and scales, the spec the GPU quantization
-// kernels must match. Every scale group is local to one document (DESIGN.md §2).
+// kernels must match. Every scale group is local to one document (docs/DESIGN.md §2).
 #pragma once
 
 #include <cstdint>

@@ -32,7 +32,7 @@ Call emulate(const analysis::AttentionInputs& in, const NumericsOptions& opt, bo
   return c;
 }
 
-// DESIGN.md §4 bars on the configuration: 2 documents x 1024 tokens, causal, Hq = 4, D = 128.
+// docs/DESIGN.md §4 bars on the configuration: 2 documents x 1024 tokens, causal, Hq = 4, D = 128.
 TEST(Mxfp8Route, MeetsTheAccuracyBarsOnTwoDocumentsOf1024) {
   const auto in = analysis::random_inputs({{1024, 1024}, 4, 4, 128}, 0);
   const auto rows = analysis::run_numerics(in, {.causal = true}, {NumericsOptions{}});
@@ -211,7 +211,7 @@ TEST(Mxfp8Route, PrefixModeReadsBlock32CodesOnInteriorPairsOnly) {
   EXPECT_GT(later_rows_differ, (420 - tiling::kFrontierTile * tiling::kFrontierTiles) / 2);
 }
 
-// The isolation contract (DESIGN.md §3) on the CPU emulation, with the probe's controls.
+// The isolation contract (docs/DESIGN.md §3) on the CPU emulation, with the probe's controls.
 class IsolationProbe : public ::testing::TestWithParam<std::tuple<ScaleGeometry, ScaleRule, int>> {};
 
 TEST_P(IsolationProbe, PrefixModeIsBitwiseStableAndTheLeakIsVisibleInDocumentMode) {

@@ -83,7 +83,7 @@ TEST_P(BackwardVsEmulation, MatchesTheEmulationAndMeetsTheBars) {
     RecordProperty(std::string("cos_") + name + "_emulation_vs_fp64", std::to_string(emu_ref.cosine));
     EXPECT_GE(vs_emu.cosine, kMinCosineVsEmulation) << name;
     EXPECT_LE(vs_emu.rel_l2, kMaxRelL2VsEmulation) << name;
-    EXPECT_GE(vs_ref.cosine, 0.997) << name << " (DESIGN.md §4 bar)";
+    EXPECT_GE(vs_ref.cosine, 0.997) << name << " (docs/DESIGN.md §4 bar)";
     for (double x : t[0]->data) ASSERT_TRUE(std::isfinite(x)) << name << ": every element is written and finite";
   }
 }

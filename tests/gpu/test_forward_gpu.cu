@@ -64,7 +64,7 @@ TEST_P(ForwardVsEmulation, MatchesTheEmulationAndMeetsTheBars) {
   EXPECT_GE(o_emu.cosine, kMinCosineVsEmulation);
   EXPECT_LE(o_emu.rel_l2, kMaxRelL2VsEmulation);
   EXPECT_LE(lse_emu.max_abs, kMaxLseDiffVsEmulation);
-  EXPECT_GE(o_ref.cosine, 0.998);  // DESIGN.md §4 bar
+  EXPECT_GE(o_ref.cosine, 0.998);  // docs/DESIGN.md §4 bar
   for (double x : gpu.o.data) ASSERT_TRUE(std::isfinite(x)) << "every output element is written and finite";
 }
 

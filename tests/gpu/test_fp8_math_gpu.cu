@@ -62,8 +62,8 @@ __global__ void row_scales_of_a_warp(const float* in, float* pow, float* inv) {
 
 // sigma's and tau's scales: the ceil rule of the quad's max |.|, where the four lanes of a quad
 // (one accumulator row) hold the row's max in one lane and smaller values (or finite ones next to
-// a NaN) in the others, so the quad max is the row's max. (Session 12's version gave the lanes of
-// a quad different maxima and failed on its own construction.)
+// a NaN) in the others, so the quad max is the row's max. (A construction that gives the lanes of
+// a quad different maxima would fail on its own terms.)
 TEST(Fp8Math, CeilRowScalesFollowTheScaleRuleOfTheQuadMax) {
   FLAMIA_REQUIRE_GPU();
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();

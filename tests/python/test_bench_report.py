@@ -136,7 +136,7 @@ class FakeGraphTorch:
 
 
 def test_a_captured_call_outlives_its_eager_call_and_what_that_closure_holds():
-    # Session 33's interleaved fault: FlexAttention's graph was replayed after its eager closure (the
+    # A fault of the interleaved schedule: FlexAttention's graph was replayed after its eager closure (the
     # only holder of its block mask) had been dropped and torch.cuda.empty_cache() had run.
     class Tensor:  # stands in for a tensor only the eager call's closure holds
         pass
@@ -171,7 +171,7 @@ def test_the_table_says_how_rounds_were_timed_and_bad_counts_are_refused():
     assert "Eager calls (host time counts where it exceeds the GPU's)" in eager
     one = bench_attention.markdown({**META, "graph": False, "calls_per_round": 1}, [r], ["flamia"])
     assert "; each round times one call." in one and "Eager calls (host time included)" in one
-    # Session 34's JSON: only JAX's calls back to back; earlier runs: one call of each.
+    # An older JSON: only JAX's calls back to back (jax_calls); older still: one call of each.
     s34 = bench_attention.markdown({**META, "graph": True, "jax_calls": 4}, [r], ["flamia"])
     assert "JAX's calls are jitted, timed 4 back to back, per call" in s34 and "each round times" not in s34
     old = bench_attention.markdown({**META, "graph": True}, [r], ["flamia"])

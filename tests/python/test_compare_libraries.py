@@ -1,5 +1,5 @@
-"""bench/compare_libraries.py's arguments (its training calls need torch and a GPU: run on the GPU
-machine, as docs/RESULTS.md's steps tables say)."""
+"""bench/compare_libraries.py's arguments (its training calls need torch and a GPU, so they run on a
+GPU machine, not here)."""
 import pathlib
 import sys
 

@@ -19,7 +19,7 @@ import flamia.hf  # noqa: E402
 
 DEVICE = "cuda"
 LENS = [300, 1, 517, 206]  # one packed row of 1024 tokens, four documents
-MIN_COSINE_GRAD = 0.997    # DESIGN.md section 4 bar, applied to the model's whole gradient
+MIN_COSINE_GRAD = 0.997    # docs/DESIGN.md §4 bar, applied to the model's whole gradient
 MIN_COSINE_PARAM = 0.99    # per parameter tensor (small tensors carry more relative noise)
 MAX_LOSS_DIFF = 0.01
 

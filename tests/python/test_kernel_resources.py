@@ -10,10 +10,10 @@ nvidia-cuda-cuobjdump wheel, or FLAMIA_CUOBJDUMP, or the PATH).
   rounded down to the allocation unit of 8). With fewer, a consumer's increase would wait forever
   for registers nobody gives back: a hang on the GPU, so it is checked here.
 - The forward keeps everything in registers (no stack frame): its variants that spilled ran slower
-  (session 30's timeline probe, 36 bytes: its steps ~8% long; docs/KERNELS.md).
+  (a timeline probe with a 36-byte frame had its steps ~8% long; docs/KERNELS.md).
 - The quantizer keeps everything in registers too: its interior-code instances had 24- and 32-byte
-  stack frames at 4 CTAs per SM and ran slower than at 3 without (session 33: prefix's training-call
-  quantize -5 to -6%).
+  stack frames at 4 CTAs per SM and ran slower than at 3 without (prefix's training-call quantize
+  5-6% slower).
 - Instance counts (forward 8: D in {64, 128} x consumer turns x prefix isolation's interior codes;
   dQ 8; dK dV 11: the FP16 dQ partials' instance at D = 128), so that a new instance, build time on CI's two cores, is a deliberate change.
 """

@@ -47,11 +47,11 @@ constexpr int kHeadsPerCta = 4;  // heads per CTA: the document bisection, once 
 // CTAs per SM the registers must allow for head dims up to 128: 4 holds the kernel to 64 registers,
 // as this ptxas chooses unbounded (62). Explicitly one CTA lets it take 94 (two CTAs per SM, half
 // the loads in flight): a forward's three tensors 0.44 -> 0.61 ms at 4x16384 and 0.50 -> 0.71 ms
-// tiny-unaligned on the H200, 3 CTAs (78 registers) 0.48 / 0.56 ms, 5 spill (session 15). Larger
+// tiny-unaligned on the H200, 3 CTAs (78 registers) 0.48 / 0.56 ms, 5 spill. Larger
 // head dims hold twice the chunks (about 124 registers, two CTAs per SM): one. The instances that also
 // write the interior codes (prefix isolation's second encoding) need more: at 4 CTAs they spilled (24-
 // and 32-byte stack frames); at 3 (80 registers, none spilled) prefix's training-call quantize took
-// 0.768 -> 0.726 ms on tiny-unaligned and 0.836 -> 0.786 at 16x4096 (session 33, the same codes).
+// 0.768 -> 0.726 ms on tiny-unaligned and 0.836 -> 0.786 at 16x4096 (the same codes).
 constexpr int min_ctas_per_sm(int items, bool second_encoding) {
   return items > kItemsUpTo128 ? 1 : second_encoding ? 3 : 4;
 }
@@ -341,11 +341,11 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems, kSecond))
 // max of the exponents (starting from 0x00, the smallest exponent, which any first token's scale
 // dominates).
 // Chunks, not one CTA per document: a CTA walks its tokens one step after another, so a 65536-token
-// document took 256 dependent steps on 16 CTAs (0.2 ms per launch, session 26); its last chunk now
+// document took 256 dependent steps on 16 CTAs (0.2 ms per launch); its last chunk now
 // reads the bytes before it 16 loads in flight per thread. Documents that fit one chunk skip the
 // search: with it, tiny-unaligned's 278 documents took 17 us per launch instead of 10.
 // A head column is one head's byte, or with kFourHeads (heads % 4 == 0) four heads' bytes as one
-// word, scanned with the byte-wise max (__vmaxu4): a quarter of the CTAs and loads (session 42).
+// word, scanned with the byte-wise max (__vmaxu4): a quarter of the CTAs and loads.
 constexpr int kScanChunk = 4 * kThreads;
 template <bool kFourHeads>
 __global__ void __launch_bounds__(kThreads)

@@ -51,7 +51,7 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&w)[4], int t) {
 // each n8 block between them; after quad_transpose each holds one whole block of four, so a store
 // instruction writes 64 contiguous bytes of each of its 8 rows instead of 16: a quarter of the
 // instructions and of the partial-sector writes (the per-row 4-byte stores took a forward's item
-// ~2,600 cycles at 16x4096, session 30).
+// ~2,600 cycles at 16x4096).
 template <int N>
 __device__ __forceinline__ void store_row_bf16(const float (&acc)[N], int r, float factor, __nv_bfloat16* out, int t,
                                                bool in_range) {

@@ -32,7 +32,7 @@ struct AttentionShape {
 // Whether the attention kernels' two consumer warpgroups take turns at issuing their products
 // (tma.cuh's ConsumerTurns; the launchers pick the kernel instance): where interior tiles take the
 // grouped arithmetic, which is about as long as a step's products, and documents are long on
-// average. On the H200 (session 20) turns took 1-3% off the forward on long documents and up to
+// average. On the H200 turns took 1-3% off the forward on long documents and up to
 // 1-2% off dQ and dK dV's grid schedule; with per-key scales (prefix isolation, token geometry),
 // whose arithmetic per step is longer, they made the forward 3-5% slower, and on short documents
 // (each item a few steps) ~1.5%.

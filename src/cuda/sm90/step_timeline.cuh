@@ -5,10 +5,10 @@
 // each tile streamer at its StreamerEvents of every tile it streams, indexed by the same ring use.
 // An item's first tile is not a loop step: its step is the transition from the item before (that
 // item's last P.V and O store, this item's first S and masked softmax), which records its
-// kStepStart alone (more stamps there spilled registers in the long rows' instance, session 30).
+// kStepStart alone (more stamps there spilled registers in the long rows' instance).
 // Nsight Compute says which instructions stall summed over the kernel; this says how long each
 // phase of a step takes, how the two consumer warpgroups and the four warps of one fall against
-// each other (session 29), and what an item transition costs (session 30; docs/KERNELS.md).
+// each other, and what an item transition costs (docs/KERNELS.md).
 // The stamps themselves cost the kernel ~4-5%. With the option off a StepClock is empty and every
 // stamp compiles to nothing: the kernels are SASS-identical to a build without this header.
 #pragma once

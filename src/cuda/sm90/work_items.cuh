@@ -96,7 +96,7 @@ __device__ __forceinline__ void stream_work_items(StageRing<kBuffers>& ring, con
 // warps 0 and 2 of warpgroup 0 (the forward's and dQ's warp 1 publishes items; dK dV's streamer 0
 // does): a producer warp's instructions take issue
 // slots from the two consumer warps of its sub-partition, and its per-tile work bounds how far it
-// runs ahead (session 19: the forward −2 to −3%). Streamer 0 issues the tile's TMA loads; each
+// runs ahead (two streamers took 2-3% off the forward). Streamer 0 issues the tile's TMA loads; each
 // streamer stores its share of the tile's per-key (or per-query) constants, then all its lanes
 // arrive on the tile's "full" (kStreamerLanes arrivals).
 constexpr int kTileStreamers = 2;
