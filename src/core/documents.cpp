@@ -29,11 +29,19 @@ Documents::Documents(std::vector<int32_t> cu_seqlens, int64_t total_tokens) : cu
 
 Documents Documents::from_lengths(std::span<const int> lengths) {
   std::vector<int32_t> cu{0};
+  int64_t total = 0;  // summed in 64 bits, so a sum past int32 is refused rather than wrapped
   for (int n : lengths) {
     if (n < 0) throw std::invalid_argument("document lengths must be >= 0, got " + std::to_string(n));
-    cu.push_back(cu.back() + n);
+    total += n;
+    if (total > kMaxTokens) {
+      int64_t sum = 0;
+      for (int m : lengths) sum += m;
+      throw std::invalid_argument("too many tokens: the " + std::to_string(lengths.size()) + " documents hold " +
+                                  std::to_string(sum) + " tokens, more than " + std::to_string(kMaxTokens) +
+                                  " (INT32_MAX, the most that int32 cu_seqlens can index)");
+    }
+    cu.push_back(int32_t(total));
   }
-  const int64_t total = cu.back();
   return Documents(std::move(cu), total);
 }
 
