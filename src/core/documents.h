@@ -20,6 +20,9 @@ std::string validate_cu_seqlens(std::span<const int32_t> cu_seqlens, int64_t tot
 
 // The most packed tokens a call can hold: cu_seqlens entries are int32.
 inline constexpr int64_t kMaxTokens = 2147483647;
+// The sum of `lengths` (in 64 bits). Throws std::invalid_argument for a negative length or a sum
+// over kMaxTokens ("too many tokens").
+int64_t total_tokens_of(std::span<const int> lengths);
 
 class Documents {
  public:
