@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what flamia needs (pinned), builds it, and runs the main job: the isolation probe
 # (on the CPU emulation; the GPU kernels are compiled for sm_90a when nvcc is present).
+# FLAMIA_CUDA=OFF builds for the CPU only (no CUDA kernels, no C API shared library), even where
+# nvcc is installed; ON requires nvcc; AUTO (the default) uses it when found.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,7 +22,8 @@ PYTHON=${PYTHON:-$(command -v python3)}
 echo "setup: installing pinned test dependencies into $PYTHON"
 "$PYTHON" -m pip install -q --disable-pip-version-check -r requirements-test.txt
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$PYTHON"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$PYTHON" \
+  -DFLAMIA_CUDA="${FLAMIA_CUDA:-AUTO}"
 cmake --build build -j"$(nproc)"
 
 echo "setup: running the main job (flamia probe)"

@@ -2,18 +2,30 @@
 
 #include <charconv>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 
 namespace flamia::cli {
 namespace {
 
 template <class T>
-T parse_number(const std::string& name, const std::string& text) {
+T parse_number(const std::string& name, const std::string& text, T min = std::numeric_limits<T>::min()) {
   T value{};
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size())
-    throw UsageError("option --" + name + " expects an integer, got '" + text + "'");
-  return value;
+  const std::string range =
+      "an integer from " + std::to_string(min) + " to " + std::to_string(std::numeric_limits<T>::max());
+  const bool whole = end == text.data() + text.size();
+  if (ec == std::errc::result_out_of_range && whole)
+    throw UsageError("option --" + name + " expects " + range + ", got '" + text + "' (out of range)");
+  if (ec == std::errc() && whole && value < min)
+    throw UsageError("option --" + name + " expects " + range + ", got '" + text + "'");
+  if (ec == std::errc() && whole) return value;
+  // from_chars reads no sign into an unsigned type: name the range, not just "an integer".
+  const bool negative = !text.empty() && text[0] == '-';
+  if (std::numeric_limits<T>::min() == 0 && negative && text.find_first_not_of("0123456789", 1) == std::string::npos &&
+      text.size() > 1)
+    throw UsageError("option --" + name + " expects " + range + ", got '" + text + "' (negative)");
+  throw UsageError("option --" + name + " expects " + range + ", got '" + text + "'");
 }
 
 }  // namespace
@@ -26,8 +38,8 @@ void ArgParser::add(const std::string& name, Spec spec) {
 void ArgParser::flag(const std::string& name, bool* target, const std::string& help) {
   add(name, {false, help, "", [target](const std::string&) { *target = true; }});
 }
-void ArgParser::option(const std::string& name, int* target, const std::string& help) {
-  add(name, {true, help, std::to_string(*target), [=](const std::string& v) { *target = parse_number<int>(name, v); }});
+void ArgParser::option(const std::string& name, int* target, const std::string& help, int min) {
+  add(name, {true, help, std::to_string(*target), [=](const std::string& v) { *target = parse_number<int>(name, v, min); }});
 }
 void ArgParser::option(const std::string& name, uint64_t* target, const std::string& help) {
   add(name, {true, help, std::to_string(*target), [=](const std::string& v) { *target = parse_number<uint64_t>(name, v); }});
@@ -72,15 +84,25 @@ bool ArgParser::parse(int argc, char** argv) {
   return true;
 }
 
+void ArgParser::set_default_text(const std::string& name, const std::string& text) { specs_.at(name).default_text = text; }
+
+namespace {
+// One help line: the option column padded to a fixed width, then the text.
+std::string help_line(std::string left, const std::string& text) {
+  constexpr size_t kWidth = 26;
+  if (left.size() < kWidth) left.resize(kWidth, ' ');
+  return left + " " + text + "\n";
+}
+}  // namespace
+
 std::string ArgParser::help() const {
   std::string out = "usage: flamia " + command_ + " [options]\n\n" + summary_ + "\n\noptions:\n";
   for (const auto& name : order_) {
     const Spec& s = specs_.at(name);
-    std::string left = "  --" + name + (s.takes_value ? " VALUE" : "");
-    if (left.size() < 26) left.resize(26, ' ');
-    out += left + " " + s.help + (s.takes_value && !s.default_text.empty() ? " (default: " + s.default_text + ")" : "") + "\n";
+    out += help_line("  --" + name + (s.takes_value ? " VALUE" : ""),
+                     s.help + (s.takes_value && !s.default_text.empty() ? " (default: " + s.default_text + ")" : ""));
   }
-  out += "  -h, --help                 show this help\n";
+  out += help_line("  -h, --help", "show this help");
   return out;
 }
 

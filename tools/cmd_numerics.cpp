@@ -3,7 +3,9 @@
 #include <vector>
 
 #include "analysis/numerics.h"
+#include "core/documents.h"
 #include "cli_args.h"
+#include "estimate.h"
 #include "commands.h"
 #include "json.h"
 #include "progress.h"
@@ -33,24 +35,26 @@ int run_numerics_command(int argc, char** argv) {
   int docs = 2, len = 1024, heads = 4, kv_heads = 0, dim = 128;
   std::vector<int> lengths;
   uint64_t seed = 0;
-  bool json = false, quiet = false, non_causal = false, check = false, default_only = false;
+  bool json = false, quiet = false, non_causal = false, check = false, default_only = false, force = false;
   ArgParser args("numerics",
                  "Accuracy of the emulated MXFP8 route (bit-exact quantization, double accumulation) against\n"
                  "an unquantized FP64 reference on random normal BF16 inputs: cosine, relative L2, max abs error,\n"
                  "row residual sum_j dS_ij, fraction of nonzero U entries rounded to zero, saturation counts.\n"
                  "One row per configuration and tensor (o, lse, dq, dk, dv).");
-  args.option("docs", &docs, "number of documents of length --len");
-  args.option("len", &len, "tokens per document");
+  args.option("docs", &docs, "number of documents of length --len", 1);
+  args.option("len", &len, "tokens per document", 1);
   args.option("lengths", &lengths, "explicit document lengths (overrides --docs/--len)");
-  args.option("heads", &heads, "query heads");
-  args.option("kv-heads", &kv_heads, "key/value heads (default: --heads)");
-  args.option("dim", &dim, "head dimension");
+  args.option("heads", &heads, "query heads", 1);
+  args.option("kv-heads", &kv_heads, "key/value heads", 0);
+  args.set_default_text("kv-heads", "--heads");
+  args.option("dim", &dim, "head dimension", 1);
   args.option("seed", &seed, "random seed of the inputs");
   args.flag("non-causal", &non_causal, "attend to the whole document (prefix mode is then skipped)");
   args.flag("default-only", &default_only, "run only the default configuration (block32, ceil, document, rowcol)");
   args.flag("check", &check, "exit 1 when the default route misses the accuracy bars (O >= 0.998, grads >= 0.997)");
   args.flag("json", &json, "print one JSON object instead of a table");
   args.flag("quiet", &quiet, "no progress lines on stderr");
+  args.flag("force", &force, "run even when the estimate is over the limits (half the RAM, one hour)");
   if (!args.parse(argc, argv)) return 0;
   if (lengths.empty()) {
     if (docs < 1 || len < 1) throw UsageError("--docs and --len must be >= 1");
@@ -61,17 +65,28 @@ int run_numerics_command(int argc, char** argv) {
   if (kv_heads == 0) kv_heads = heads;
   if (heads < 1 || kv_heads < 1 || heads % kv_heads != 0) throw UsageError("--heads must be a positive multiple of --kv-heads");
   if (dim < 1) throw UsageError("--dim must be >= 1");
+  if (total_tokens_of(lengths) == 0)  // throws "too many tokens" past INT32_MAX
+    throw UsageError("the documents hold no tokens (every length is 0): there is nothing to compare");
 
-  const ProgressLog progress(quiet);
-  progress("generating inputs");
-  const auto inputs = analysis::random_inputs({lengths, heads, kv_heads, dim}, seed);
   const reference::AttentionShape shape{.causal = !non_causal};
   std::vector<NumericsOptions> configs;
   for (const auto& c : analysis::default_numerics_configs())
     if (shape.causal || c.isolation != Isolation::kPrefix) configs.push_back(c);
   if (default_only) configs.resize(1);  // the first configuration is the default route
-  const auto rows = analysis::run_numerics(inputs, shape, configs, progress);
-  progress("done");
+  // Sized before anything is allocated: a run over the limits is refused at once.
+  const RunEstimate estimate = estimate_numerics(lengths, heads, kv_heads, dim, shape.causal, int(configs.size()));
+  refuse_if_too_large(estimate, force, "--docs, --len, --lengths, --heads, --dim");
+
+  const ProgressLog log(quiet);
+  log("estimated: " + format_seconds(estimate.seconds()) + ", " + format_bytes(estimate.bytes) + " of memory");
+  log("generating inputs");
+  const auto inputs = analysis::random_inputs({lengths, heads, kv_heads, dim}, seed);
+  std::vector<analysis::NumericsRow> rows;
+  {
+    StepProgress steps(log, quiet, estimate.step_seconds);
+    rows = analysis::run_numerics(inputs, shape, configs, [&](const std::string& step) { steps.step(step); });
+  }
+  log("done");
   std::string why;
   const bool bars = default_config_meets_bars(rows, &why);
 
@@ -102,11 +117,14 @@ int run_numerics_command(int argc, char** argv) {
     std::printf("|-------|-----------|----------|-------|----------|--------|-----------|-----------|----------|-------------|-------------|-------------|------------------------|\n");
     for (const auto& r : rows) {
       const auto& s = r.stats;
-      std::printf("| %s | %-9s | %-8s | %-5s | %-8s | %-6s | %.7f | %.3e | %.2e | %11.3e | %11.3e | %11.5f | %lld/%lld/%lld/%lld/%lld/%lld |\n",
+      char saturated[128];
+      std::snprintf(saturated, sizeof saturated, "%lld/%lld/%lld/%lld/%lld/%lld", (long long)s.saturated_q,
+                    (long long)s.saturated_k, (long long)s.saturated_v, (long long)s.saturated_g,
+                    (long long)s.saturated_p, (long long)s.saturated_u);
+      std::printf("| %-5s | %-9s | %-8s | %-5s | %-8s | %-6s | %.7f | %.3e | %.2e | %11.3e | %11.3e | %11.5f | %-22s |\n",
                   r.route.c_str(), r.isolation.c_str(), r.geometry.c_str(), r.rule.c_str(), r.u_scale.c_str(),
                   r.tensor.c_str(), r.cmp.cosine, r.cmp.rel_l2, r.cmp.max_abs, s.row_residual_max, s.row_residual_rms(),
-                  s.u_zero_fraction(), (long long)s.saturated_q, (long long)s.saturated_k, (long long)s.saturated_v,
-                  (long long)s.saturated_g, (long long)s.saturated_p, (long long)s.saturated_u);
+                  s.u_zero_fraction(), saturated);
     }
     std::printf("\naccuracy bars (default route, cosine: O >= %.3f, dQ/dK/dV >= %.3f): %s\n", kCosineBarO, kCosineBarGrad,
                 bars ? "met" : ("MISSED: " + why).c_str());

@@ -3,6 +3,7 @@
 
 #include "analysis/probe.h"
 #include "cli_args.h"
+#include "estimate.h"
 #include "commands.h"
 #include "json.h"
 #include "progress.h"
@@ -11,7 +12,7 @@ namespace flamia::cli {
 
 int run_probe_command(int argc, char** argv) {
   analysis::ProbeOptions o;
-  bool json = false, quiet = false;
+  bool json = false, quiet = false, force = false;
   std::string geometry = "block32", rule = "ceil";
   ArgParser args("probe",
                  "Suffix-perturbation probe of the CPU emulation (DESIGN.md section 3). Packs three documents\n"
@@ -29,6 +30,7 @@ int run_probe_command(int argc, char** argv) {
   args.option("rule", &rule, "scale exponent rule: ceil or floor");
   args.flag("json", &json, "print one JSON object instead of a table");
   args.flag("quiet", &quiet, "no progress lines on stderr");
+  args.flag("force", &force, "run even when the estimate is over the limits (half the RAM, one hour)");
   if (!args.parse(argc, argv)) return 0;
   const auto g = parse_scale_geometry(geometry);
   if (!g) throw UsageError("--geometry must be block32 or token, got '" + geometry + "'");
@@ -36,9 +38,17 @@ int run_probe_command(int argc, char** argv) {
   if (!r) throw UsageError("--rule must be ceil or floor, got '" + rule + "'");
   o.scale_geometry = *g, o.scale_rule = *r;
   analysis::check_probe_options(o);
+  // Sized before anything is allocated: a run over the limits is refused at once.
+  const RunEstimate estimate = estimate_probe(o.lengths, o.other_document_growth, o.q_heads, o.kv_heads, o.head_dim);
+  refuse_if_too_large(estimate, force, "--lengths, --heads, --dim");
 
-  const ProgressLog progress(quiet);
-  const auto cases = analysis::run_probe(o, progress);
+  const ProgressLog log(quiet);
+  log("estimated: " + format_seconds(estimate.seconds()) + ", " + format_bytes(estimate.bytes) + " of memory");
+  std::vector<analysis::ProbeCase> cases;
+  {
+    StepProgress steps(log, quiet, estimate.step_seconds);
+    cases = analysis::run_probe(o, [&](const std::string& step) { steps.step(step); });
+  }
   std::string why;
   const bool ok = analysis::probe_passes(cases, &why);
 

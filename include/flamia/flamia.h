@@ -60,7 +60,8 @@ typedef struct flamia_documents {
 
 typedef struct flamia_options {
   int causal;                            /* default 1 */
-  float softmax_scale;                   /* 0 = 1/sqrt(D) */
+  float softmax_scale;                   /* > 0, or +0.0f (the default) for 1/sqrt(D); negative, -0.0f,
+                                            NaN and infinities are INVALID_ARGUMENT */
   flamia_isolation isolation;            /* default DOCUMENT */
   flamia_scale_geometry scale_geometry;  /* default BLOCK32 */
   flamia_scale_rule scale_rule;          /* default CEIL */
@@ -89,7 +90,11 @@ flamia_status flamia_forward_workspace_size(const flamia_tensor* q, const flamia
                                             const flamia_documents* docs, const flamia_options* options, size_t* bytes,
                                             flamia_error* error);
 
-/* Quantizes q, k, v (document-local groups) and computes o and lse on `stream`. */
+/* Quantizes q, k, v (document-local groups) and computes o and lse on `stream`. lse is FP32
+ * [Hq, T], contiguous. Outputs must not share memory with each other or with an input (tensors
+ * interleaved in one buffer without sharing an element are fine), and no descriptor's last element
+ * ((tokens - 1) * stride_token + (heads - 1) * stride_head + dim) may wrap int64 or the address
+ * space: INVALID_ARGUMENT otherwise. The same holds for every call below. */
 flamia_status flamia_forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
                              const flamia_documents* docs, const flamia_options* options, flamia_tensor* o, float* lse,
                              void* workspace, size_t workspace_bytes, void* stream, flamia_error* error);

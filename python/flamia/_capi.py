@@ -10,6 +10,7 @@ works on machines without the library (for example to trace with fake tensors).
 """
 
 import ctypes
+import math
 import os
 import pathlib
 import sys
@@ -26,6 +27,7 @@ __all__ = [
     "library_version",
     "ABI_VERSION",
     "default_options",
+    "explicit_softmax_scale",
     "status_name",
     "tensor",
     "forward_workspace_size",
@@ -109,8 +111,24 @@ class Tensor(ctypes.Structure):
     ]
 
 
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _int32(value, name):
+    """value as an int for a C int32_t field; ctypes would wrap an out-of-range value silently."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            value = value.__index__()  # numpy and torch integers
+        except (AttributeError, TypeError):
+            raise TypeError(f"flamia: {name} must be an int, got {type(value).__name__}") from None
+    if not INT32_MIN <= value <= INT32_MAX:
+        raise ValueError(f"flamia: {name} ({value}) does not fit the C API's int32 (at most {INT32_MAX})")
+    return value
+
+
 class Documents(ctypes.Structure):
-    """struct flamia_documents: device cu_seqlens (+ optional host copy), num_docs, max_seqlen."""
+    """struct flamia_documents: device cu_seqlens (+ optional host copy), num_docs, max_seqlen.
+    num_docs and max_seqlen must fit int32 (ValueError otherwise; the C API checks the rest)."""
 
     _fields_ = [
         ("cu_seqlens", ctypes.c_void_p),  # const int32_t*, device
@@ -119,13 +137,16 @@ class Documents(ctypes.Structure):
         ("max_seqlen", ctypes.c_int32),
     ]
 
+    def __init__(self, cu_seqlens=None, cu_seqlens_host=None, num_docs=0, max_seqlen=0):
+        super().__init__(cu_seqlens, cu_seqlens_host, _int32(num_docs, "num_docs"), _int32(max_seqlen, "max_seqlen"))
+
 
 class Options(ctypes.Structure):
     """struct flamia_options."""
 
     _fields_ = [
         ("causal", ctypes.c_int),
-        ("softmax_scale", ctypes.c_float),  # 0 = 1/sqrt(D)
+        ("softmax_scale", ctypes.c_float),  # +0 = 1/sqrt(D); set explicit values via explicit_softmax_scale
         ("isolation", _c_enum),  # flamia_isolation
         ("scale_geometry", _c_enum),  # flamia_scale_geometry
         ("scale_rule", _c_enum),  # flamia_scale_rule
@@ -300,6 +321,34 @@ def default_options():
     options = Options()
     library().flamia_default_options(ctypes.byref(options))
     return options
+
+
+def explicit_softmax_scale(value):
+    """An explicit softmax scale as the float the C API receives. The C API reads +0 as "the
+    default, 1/sqrt(D)", so an explicit value must be a finite number > 0 that stays finite and
+    > 0 in float32 (1e-50 rounds to 0 there): ValueError otherwise (TypeError for a non-number).
+    Python callers ask for the default with None, never with 0."""
+    if isinstance(value, bool):
+        raise TypeError("flamia: softmax_scale must be a number or None (the default 1/sqrt(D)), got bool")
+    if not isinstance(value, (int, float)):
+        try:
+            value = value.__float__()  # numpy scalars, 0-d tensors
+        except (AttributeError, TypeError, ValueError, RuntimeError):
+            raise TypeError(f"flamia: softmax_scale must be a number or None (the default 1/sqrt(D)), "
+                            f"got {type(value).__name__}") from None
+    value = float(value)
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"flamia: softmax_scale must be a finite number > 0 (None for the default 1/sqrt(D)), "
+                         f"got {value!r}")
+    as_float32 = ctypes.c_float(value).value
+    if not (as_float32 > 0 and math.isfinite(as_float32)):
+        raise ValueError(f"flamia: softmax_scale {value!r} is {as_float32!r} in float32, the C API's type; "
+                         f"pass a value in [{FLOAT32_MIN_SUBNORMAL!r}, {FLOAT32_MAX!r}] (None for the default)")
+    return as_float32
+
+
+FLOAT32_MIN_SUBNORMAL = ctypes.c_float(1.401298464324817e-45).value
+FLOAT32_MAX = ctypes.c_float(3.4028234663852886e38).value
 
 
 def tensor(data_ptr, tokens, heads, dim, stride_token, stride_head, dtype=DTYPE_BF16):

@@ -19,6 +19,7 @@ import torch
 
 from . import _capi
 from ._capi import FlamiaError
+from ._checks import check_devices
 
 __all__ = ["attention", "attention_forward", "attention_backward", "attention_forward_train",
            "attention_backward_saved", "FlamiaError"]
@@ -129,7 +130,7 @@ def _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule, det
     options = _capi.default_options()
     options.deterministic = 1 if deterministic else 0
     options.causal = 1 if causal else 0
-    options.softmax_scale = float(softmax_scale)
+    options.softmax_scale = _capi.explicit_softmax_scale(softmax_scale)  # never 0, the C default
     options.isolation = _capi.ISOLATION[isolation]
     options.scale_geometry = _capi.SCALE_GEOMETRY[scale_geometry]
     options.scale_rule = _capi.SCALE_RULE[scale_rule]
@@ -211,6 +212,7 @@ def _run_backward(dout, o, lse, cu_seqlens, max_seqlen, kv_heads, causal, softma
     _check_tensor(dout, "dout", torch.bfloat16, 3)
     _check_tensor(o, "o", torch.bfloat16, 3)
     _check_tensor(lse, "lse", torch.float32, 2)
+    check_devices("attention_backward", "dout", dout, o=o, lse=lse, cu_seqlens=cu_seqlens)
     tokens, q_heads, dim = dout.shape
     o, dout = _kernel_layout(o), _kernel_layout(dout)
     if lse.shape != (q_heads, tokens):
@@ -253,6 +255,7 @@ def _backward_impl(
     gradient dout of o, given the forward's inputs and outputs (o, lse). Deterministic."""
     _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
     _check_tensor(dout, "dout", torch.bfloat16, 3)
+    check_devices("attention_backward", "q", q, dout=dout)  # _run_backward: o, lse, cu_seqlens on dout's
     if dout.shape != q.shape:
         raise ValueError(f"flamia.attention_backward: dout must have q's shape {tuple(q.shape)}, got {tuple(dout.shape)}")
     q, k, v = _kernel_layout(q), _kernel_layout(k), _kernel_layout(v)
@@ -351,6 +354,8 @@ def _backward_saved_impl(
     order they arrive: the same accuracy, not bitwise repeatable."""
     _check_tensor(saved_codes, "saved_codes", torch.uint8, 1)
     _check_tensor(cu_seqlens, "cu_seqlens", torch.int32, 1)
+    _check_tensor(dout, "dout", torch.bfloat16, 3)
+    check_devices("attention_backward_saved", "dout", dout, saved_codes=saved_codes)  # _run_backward: the rest
     _check_choice(isolation, "isolation", _capi.ISOLATION)
     _check_choice(scale_geometry, "scale_geometry", _capi.SCALE_GEOMETRY)
     _check_choice(scale_rule, "scale_rule", _capi.SCALE_RULE)
@@ -479,7 +484,8 @@ def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, 
         cu_seqlens: int32 CUDA tensor [num_docs + 1], document boundaries (0 ... T).
         max_seqlen: Python int >= the longest document.
         causal: causal mask inside each document (default True).
-        softmax_scale: default 1/sqrt(D).
+        softmax_scale: None (default) for 1/sqrt(D), else a finite number > 0 that stays > 0 in
+            float32 (0, negative values and e.g. 1e-50 raise ValueError).
         isolation: "document" (default) or "prefix" (strict prefix isolation: q and dO get
             per-token scales; with block32 geometry k and v are encoded twice, per token at the
             frontier and block32 where the key is two or more 128-token tiles before the query,
@@ -515,6 +521,8 @@ def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, 
     _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    else:
+        softmax_scale = _capi.explicit_softmax_scale(softmax_scale)
     arguments = (q, k, v, cu_seqlens, max_seqlen, bool(causal), float(softmax_scale), isolation, scale_geometry,
                  scale_rule)
     if deterministic is None:

@@ -61,9 +61,19 @@ void add_cases(std::vector<ProbeCase>& out, Isolation mode, const char* control,
 
 void check_probe_options(const ProbeOptions& o) {
   if (o.lengths.size() != 3) throw std::invalid_argument("the probe packs exactly three documents [A, B, C]");
-  for (int n : o.lengths)
+  int64_t total = o.other_document_growth;
+  for (int n : o.lengths) {
     if (n < 1) throw std::invalid_argument("probe document lengths must be >= 1");
-  if (o.position < 0 || o.position + 1 >= o.lengths[1])
+    total += n;
+  }
+  if (total > kMaxTokens) {
+    throw std::invalid_argument("too many tokens: the probe's calls pack up to " + std::to_string(total) +
+                                " tokens (lengths plus " + std::to_string(o.other_document_growth) +
+                                " for the moved document), more than the " + std::to_string(kMaxTokens) +
+                                " that int32 cu_seqlens can index");
+  }
+  // Compared without adding to position, which may be INT_MAX.
+  if (o.position < 0 || o.position >= o.lengths[1] - 1)
     throw std::invalid_argument("--position must lie in [0, len(B) - 2] so that B has a suffix after it; got " +
                                 std::to_string(o.position) + " with len(B) = " + std::to_string(o.lengths[1]));
   if (o.q_heads < 1 || o.kv_heads < 1 || o.q_heads % o.kv_heads != 0)

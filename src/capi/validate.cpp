@@ -1,5 +1,6 @@
 #include "capi/validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -7,6 +8,8 @@
 #include <span>
 #include <stdexcept>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "core/documents.h"
 #include "core/operand_layout.h"
@@ -20,6 +23,8 @@ CallError invalid(std::string message) { return {FLAMIA_ERROR_INVALID_ARGUMENT, 
 CallError unsupported(std::string message) { return {FLAMIA_ERROR_NOT_SUPPORTED, std::move(message)}; }
 
 std::string str(int64_t v) { return std::to_string(v); }
+
+constexpr int64_t kBf16Bytes = 2;
 
 std::string address(const void* p) {
   char buf[32];
@@ -137,6 +142,18 @@ CallError check_layout(const flamia_tensor& t, std::string_view name, bool outpu
                      ") must be a multiple of 8 elements, so that every row is 16-byte aligned");
     }
   }
+  // The last element's offset in bytes must fit int64 and the address space (no wrap-around).
+  int64_t last = 0, term = 0, bytes = 0;
+  const bool wraps = __builtin_mul_overflow(t.tokens - 1, t.stride_token, &last) ||
+                     __builtin_mul_overflow(t.heads - 1, t.stride_head, &term) ||
+                     __builtin_add_overflow(last, term, &last) || __builtin_add_overflow(last, t.dim, &last) ||
+                     __builtin_mul_overflow(last, int64_t(kBf16Bytes), &bytes) ||
+                     uint64_t(bytes) > UINTPTR_MAX - reinterpret_cast<uintptr_t>(t.data);
+  if (wraps) {
+    return invalid(n + " spans (tokens - 1) * stride_token + (heads - 1) * stride_head + dim = (" + str(t.tokens) +
+                   " - 1) * " + str(t.stride_token) + " + (" + str(t.heads) + " - 1) * " + str(t.stride_head) + " + " +
+                   str(t.dim) + " elements from " + n + ".data, which wraps int64 or the address space");
+  }
   if (output && t.tokens > 1 && t.heads > 1) {
     // Rows of an output must be distinct: the axis with the larger stride has to step over the
     // whole extent of the other one ([T, H, D] or [H, T, D] order, padding allowed).
@@ -150,6 +167,86 @@ CallError check_layout(const flamia_tensor& t, std::string_view name, bool outpu
       const std::string inner_name = token_outer ? n + ".heads * " + n + ".stride_head" : n + ".tokens * " + n + ".stride_token";
       return invalid(outer_name + " (" + str(outer) + ") must be >= " + inner_name + " (" + str(inner_extent) + " * " +
                      str(inner) + "): rows of the output would overlap");
+    }
+  }
+  return CallError::success();
+}
+
+// Where a tensor's rows lie, in bytes from address 0: n_outer x n_inner rows of row_bytes, row (i, j)
+// at begin + i * outer + j * inner. An output's rows are disjoint and in (i, j) order (check_layout:
+// inner >= row_bytes, outer >= n_inner * inner), so its footprint can be searched; an input's rows
+// need not be.
+struct Footprint {
+  std::string name;
+  uint64_t begin = 0, outer = 0, inner = 0, row_bytes = 0;
+  int64_t n_outer = 1, n_inner = 1;
+  uint64_t end() const { return begin + uint64_t(n_outer - 1) * outer + uint64_t(n_inner - 1) * inner + row_bytes; }
+  int64_t rows() const { return n_outer * n_inner; }
+};
+
+// A tensor that passed check_layout (its span fits the address space), the larger stride outer.
+Footprint footprint(const flamia_tensor& t, std::string name) {
+  Footprint f;
+  f.name = std::move(name);
+  f.begin = reinterpret_cast<uintptr_t>(t.data);
+  f.row_bytes = uint64_t(t.dim) * kBf16Bytes;
+  const bool token_outer = t.stride_token >= t.stride_head;
+  f.n_outer = token_outer ? t.tokens : t.heads;
+  f.n_inner = token_outer ? t.heads : t.tokens;
+  f.outer = uint64_t(token_outer ? t.stride_token : t.stride_head) * kBf16Bytes;
+  f.inner = uint64_t(token_outer ? t.stride_head : t.stride_token) * kBf16Bytes;
+  return f;
+}
+
+// lse: FP32 [Hq, T], contiguous.
+Footprint lse_footprint(const float* lse, int64_t q_heads, int64_t tokens) {
+  Footprint f;
+  f.name = "lse";
+  f.begin = reinterpret_cast<uintptr_t>(lse);
+  f.row_bytes = uint64_t(q_heads) * uint64_t(tokens) * sizeof(float);
+  return f;
+}
+
+// Whether some row of the ordered footprint `o` (an output's) overlaps the bytes [lo, hi).
+bool ordered_rows_hit(const Footprint& o, uint64_t lo, uint64_t hi) {
+  if (hi <= o.begin || lo >= o.end()) return false;
+  // The last row that starts before hi ends furthest of those that do (rows are disjoint, sorted).
+  const uint64_t at = hi - 1 - o.begin;
+  const int64_t i = o.n_outer == 1 ? 0 : std::min<int64_t>(int64_t(at / o.outer), o.n_outer - 1);
+  const uint64_t in_outer = at - uint64_t(i) * o.outer;
+  const int64_t j = o.n_inner == 1 ? 0 : std::min<int64_t>(int64_t(in_outer / o.inner), o.n_inner - 1);
+  const uint64_t row_end = o.begin + uint64_t(i) * o.outer + uint64_t(j) * o.inner + o.row_bytes;
+  return row_end > lo;
+}
+
+// Whether the ordered footprint `o` shares a byte with `x` (any footprint): their spans first, then
+// row by row through x (only when the spans meet, e.g. tensors interleaved in one buffer).
+bool overlaps(const Footprint& o, const Footprint& x) {
+  if (x.end() <= o.begin || o.end() <= x.begin) return false;
+  for (int64_t i = 0; i < x.n_outer; ++i) {
+    for (int64_t j = 0; j < x.n_inner; ++j) {
+      const uint64_t lo = x.begin + uint64_t(i) * x.outer + uint64_t(j) * x.inner;
+      if (ordered_rows_hit(o, lo, lo + x.row_bytes)) return true;
+    }
+  }
+  return false;
+}
+
+// No output shares memory with another output or with an input (the kernels read inputs while
+// they write outputs, and write every output once). Outputs come first in `footprints`.
+CallError check_no_aliasing(const std::vector<Footprint>& footprints, size_t outputs) {
+  for (size_t a = 0; a < outputs; ++a) {
+    for (size_t b = 0; b < footprints.size(); ++b) {
+      if (b == a || (b < outputs && b < a)) continue;  // each pair of outputs once
+      const Footprint& o = footprints[a];
+      const Footprint& x = footprints[b];
+      if (!overlaps(o, x)) continue;
+      return invalid(o.name + " and " + x.name + " share memory (" + o.name + " spans [" +
+                     address(reinterpret_cast<const void*>(o.begin)) + ", " +
+                     address(reinterpret_cast<const void*>(o.end())) + "), " + x.name + " [" +
+                     address(reinterpret_cast<const void*>(x.begin)) + ", " +
+                     address(reinterpret_cast<const void*>(x.end())) + ")): " +
+                     (b < outputs ? "outputs must not alias each other" : "an output must not overlap an input"));
     }
   }
   return CallError::success();
@@ -198,9 +295,12 @@ CallError check_documents(const flamia_documents& docs, int64_t total_tokens) {
 CallError check_options(const flamia_options& options, int64_t head_dim) {
   if (options.causal != 0 && options.causal != 1)
     return invalid("options.causal must be 0 or 1, got " + str(options.causal));
-  if (!std::isfinite(options.softmax_scale) || options.softmax_scale < 0.0f) {
-    return invalid("options.softmax_scale must be finite and >= 0 (0 selects 1/sqrt(head_dim)), got " +
-                   std::to_string(options.softmax_scale));
+  // +0 is the C API's "default" (1/sqrt(head_dim)); -0, like any negative value, is refused.
+  if (!std::isfinite(options.softmax_scale) || std::signbit(options.softmax_scale)) {
+    char value[48];
+    std::snprintf(value, sizeof value, "%g", double(options.softmax_scale));
+    return invalid(std::string("options.softmax_scale must be finite and > 0, or +0 for the default 1/sqrt(head_dim); got ") +
+                   value);
   }
   if (const int iso = raw_enum(options.isolation); iso != FLAMIA_ISOLATION_DOCUMENT && iso != FLAMIA_ISOLATION_PREFIX) {
     return invalid("options.isolation must be FLAMIA_ISOLATION_DOCUMENT (0) or FLAMIA_ISOLATION_PREFIX (1), got " +
@@ -260,6 +360,10 @@ CallError validate_forward(const flamia_tensor* q, const flamia_tensor* k, const
   FLAMIA_RETURN_IF_ERROR(check_layout(*o, "o", true));
   if (reinterpret_cast<uintptr_t>(lse) % alignof(float) != 0)
     return invalid("lse must be 4-byte aligned (FP32), got address " + address(lse));
+  FLAMIA_RETURN_IF_ERROR(check_no_aliasing(
+      {footprint(*o, "o"), lse_footprint(lse, q->heads, q->tokens), footprint(*q, "q"), footprint(*k, "k"),
+       footprint(*v, "v")},
+      2));
   FLAMIA_RETURN_IF_ERROR(check_documents(*docs, q->tokens));
   FLAMIA_RETURN_IF_ERROR(check_options(*options, q->dim));
   return check_limits(*q, *k);
@@ -294,6 +398,14 @@ CallError validate_backward(const flamia_tensor* q, const flamia_tensor* k, cons
   FLAMIA_RETURN_IF_ERROR(check_layout(*dv, "dv", true));
   if (reinterpret_cast<uintptr_t>(lse) % alignof(float) != 0)
     return invalid("lse must be 4-byte aligned (FP32), got address " + address(lse));
+  std::vector<Footprint> footprints{footprint(*dq, "dq"), footprint(*dk, "dk"), footprint(*dv, "dv"),
+                                    footprint(*o, "o"), lse_footprint(lse, q->heads, q->tokens),
+                                    footprint(*dout, "dout")};
+  if (codes == QkvCodes::kInWorkspace) {  // else q, k and v give shapes only
+    for (const auto& [t, name] : {std::pair<const flamia_tensor*, const char*>{q, "q"}, {k, "k"}, {v, "v"}})
+      footprints.push_back(footprint(*t, name));
+  }
+  FLAMIA_RETURN_IF_ERROR(check_no_aliasing(footprints, 3));
   FLAMIA_RETURN_IF_ERROR(check_documents(*docs, q->tokens));
   FLAMIA_RETURN_IF_ERROR(check_options(*options, q->dim));
   return check_limits(*q, *k);

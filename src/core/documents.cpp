@@ -27,13 +27,24 @@ Documents::Documents(std::vector<int32_t> cu_seqlens, int64_t total_tokens) : cu
   for (int d = 0; d < count(); ++d) std::fill(doc_of_token_.begin() + begin(d), doc_of_token_.begin() + end(d), d);
 }
 
-Documents Documents::from_lengths(std::span<const int> lengths) {
-  std::vector<int32_t> cu{0};
+int64_t total_tokens_of(std::span<const int> lengths) {
+  int64_t total = 0;  // summed in 64 bits, so a sum past int32 is refused rather than wrapped
   for (int n : lengths) {
     if (n < 0) throw std::invalid_argument("document lengths must be >= 0, got " + std::to_string(n));
-    cu.push_back(cu.back() + n);
+    total += n;
   }
-  const int64_t total = cu.back();
+  if (total > kMaxTokens) {
+    throw std::invalid_argument("too many tokens: the " + std::to_string(lengths.size()) + " documents hold " +
+                                std::to_string(total) + " tokens, more than " + std::to_string(kMaxTokens) +
+                                " (INT32_MAX, the most that int32 cu_seqlens can index)");
+  }
+  return total;
+}
+
+Documents Documents::from_lengths(std::span<const int> lengths) {
+  const int64_t total = total_tokens_of(lengths);
+  std::vector<int32_t> cu{0};
+  for (int n : lengths) cu.push_back(cu.back() + n);  // no overflow: the total fits
   return Documents(std::move(cu), total);
 }
 

@@ -18,10 +18,17 @@ namespace flamia {
 // decreases, ends at total_tokens); otherwise a message that names the first bad entry.
 std::string validate_cu_seqlens(std::span<const int32_t> cu_seqlens, int64_t total_tokens);
 
+// The most packed tokens a call can hold: cu_seqlens entries are int32.
+inline constexpr int64_t kMaxTokens = 2147483647;
+// The sum of `lengths` (in 64 bits). Throws std::invalid_argument for a negative length or a sum
+// over kMaxTokens ("too many tokens").
+int64_t total_tokens_of(std::span<const int> lengths);
+
 class Documents {
  public:
   // Throws std::invalid_argument with validate_cu_seqlens' message on bad input.
   Documents(std::vector<int32_t> cu_seqlens, int64_t total_tokens);
+  // Throws std::invalid_argument for a negative length or more than kMaxTokens tokens in all.
   static Documents from_lengths(std::span<const int> lengths);
 
   int count() const { return int(cu_.size()) - 1; }

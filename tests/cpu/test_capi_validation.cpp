@@ -53,6 +53,19 @@ struct Call {
     flamia_default_options(&options);
   }
   CallError validate() const { return validate_forward(&q, &k, &v, &docs, &options, &o, lse); }
+  // Moves q, k, v, o and lse 2^40 bytes apart, so that huge shapes do not overlap each other.
+  void spread() {
+    for (auto [t, at] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&o, 4}}) t->data = fake_pointer(uintptr_t(at) << 40);
+    lse = static_cast<float*>(fake_pointer(uintptr_t(5) << 40));
+  }
+};
+
+struct BackwardCall : Call {
+  flamia_tensor dout = packed(0x70000, T, Hq, D);
+  flamia_tensor dq = packed(0x80000, T, Hq, D);
+  flamia_tensor dk = packed(0x90000, T, Hkv, D);
+  flamia_tensor dv = packed(0xA0000, T, Hkv, D);
+  CallError validate() const { return validate_backward(&q, &k, &v, &o, lse, &dout, &docs, &options, &dq, &dk, &dv); }
 };
 
 ::testing::AssertionResult Fails(const CallError& e, flamia_status status, const std::string& needle) {
@@ -237,6 +250,7 @@ TEST(CapiValidation, UnsupportedHeadDimAndSizes) {
     const int64_t T = (int64_t(1) << 31) / (Call::Hq * Call::D);
     c.q.tokens = c.k.tokens = c.v.tokens = c.o.tokens = T;
     c.docs.cu_seqlens_host = nullptr;
+    c.spread();
     EXPECT_TRUE(Fails(c.validate(), kNotSupported, "2^31 - 1")) << c.validate().message;
     EXPECT_TRUE(Fails(c.validate(), kNotSupported, "q has tokens * heads * dim"));
     c.q.tokens = c.k.tokens = c.v.tokens = c.o.tokens = T - 1;  // just fits
@@ -250,7 +264,10 @@ TEST(CapiValidation, UnsupportedHeadDimAndSizes) {
     c.q.stride_token = c.o.stride_token = Call::Hq * Call::D;
     c.q.heads = c.o.heads = 4;
     c.docs.cu_seqlens_host = nullptr;
-    EXPECT_TRUE(Fails(c.validate(), kNotSupported, "tokens * heads * dim"));
+    // The call: q's stride x extent wraps int64 (an invalid descriptor); the size query reads
+    // shapes only and finds them over the kernels' limits.
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "q spans")) << c.validate().message;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "wraps int64"));
     size_t bytes = 1;
     flamia_error err;
     EXPECT_EQ(flamia_forward_workspace_size(&c.q, &c.k, &c.v, &c.docs, &c.options, &bytes, &err), kNotSupported);
@@ -260,6 +277,7 @@ TEST(CapiValidation, UnsupportedHeadDimAndSizes) {
     Call c;
     c.q = packed(0x10000, Call::T, 65536, Call::D);
     c.o = packed(0x40000, Call::T, 65536, Call::D);
+    c.spread();
     EXPECT_TRUE(Fails(c.validate(), kNotSupported, "q.heads"));
   }
 }
@@ -325,6 +343,109 @@ TEST(CapiValidation, StridesAndAlignment) {
   }
 }
 
+// Outputs must not alias each other or an input; tensors interleaved in one buffer without
+// sharing an element are fine.
+TEST(CapiValidation, AliasingOutputsAreRefused) {
+  {
+    Call c;  // o is q
+    c.o.data = c.q.data;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "o and q share memory"));
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "an output must not overlap an input"));
+  }
+  {
+    Call c;  // lse inside o
+    c.lse = static_cast<float*>(fake_pointer(0x40000 + 1024));
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "o and lse share memory"));
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "outputs must not alias each other"));
+  }
+  {
+    Call c;  // lse just past o's last row: no overlap
+    c.lse = static_cast<float*>(fake_pointer(0x40000 + Call::T * Call::Hq * Call::D * 2));
+    EXPECT_TRUE(c.validate().ok()) << c.validate().message;
+  }
+  {
+    Call c;  // o's last row reaches into v's first one
+    c.o.data = fake_pointer(0x30000 - (Call::T * Call::Hq * Call::D * 2) + 16);
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "o and v share memory"));
+  }
+  {
+    // q, k, v interleaved in one [T, Hq + 2 Hkv, D] buffer and o interleaved with them in the gaps
+    // of a wider one: no element is shared.
+    Call c;
+    const int64_t heads = Call::Hq + 2 * Call::Hkv + Call::Hq, row = heads * Call::D;
+    for (auto [t, first_head] : {std::pair{&c.q, int64_t(0)}, {&c.k, Call::Hq}, {&c.v, Call::Hq + Call::Hkv},
+                                 {&c.o, Call::Hq + 2 * Call::Hkv}}) {
+      t->data = fake_pointer(0x100000 + first_head * Call::D * 2);
+      t->stride_token = row;
+    }
+    EXPECT_TRUE(c.validate().ok()) << c.validate().message;
+    c.o.data = fake_pointer(0x100000 + (Call::Hq + 2 * Call::Hkv - 1) * Call::D * 2);  // one head back: onto v
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "o and v share memory")) << c.validate().message;
+  }
+  {
+    BackwardCall b;  // dq == dk == dv
+    b.dq = packed(0x80000, Call::T, Call::Hkv, Call::D);
+    b.dq.heads = Call::Hq;
+    b.dq.stride_token = Call::Hq * Call::D;
+    b.dk.data = b.dv.data = b.dq.data;
+    EXPECT_TRUE(Fails(b.validate(), kInvalid, "dq and dk share memory"));
+  }
+  {
+    BackwardCall b;  // dk == dv
+    b.dv.data = b.dk.data;
+    EXPECT_TRUE(Fails(b.validate(), kInvalid, "dk and dv share memory"));
+  }
+  for (const char* input : {"o", "lse", "dout", "q", "k", "v"}) {
+    BackwardCall b;  // dq written over an input
+    const uintptr_t at = std::string(input) == "o"      ? 0x40000
+                         : std::string(input) == "lse"  ? 0x50000
+                         : std::string(input) == "dout" ? 0x70000
+                         : std::string(input) == "q"    ? 0x10000
+                         : std::string(input) == "k"    ? 0x20000
+                                                        : 0x30000;
+    b.dq.data = fake_pointer(at);
+    EXPECT_TRUE(Fails(b.validate(), kInvalid, std::string("dq and ") + input + " share memory")) << input;
+  }
+  {
+    // dq, dk, dv interleaved in one [T, Hq + 2 Hkv, D] gradient buffer: valid.
+    BackwardCall b;
+    const int64_t row = (Call::Hq + 2 * Call::Hkv) * Call::D;
+    for (auto [t, first_head] : {std::pair{&b.dq, int64_t(0)}, {&b.dk, Call::Hq}, {&b.dv, Call::Hq + Call::Hkv}}) {
+      t->data = fake_pointer(0x200000 + first_head * Call::D * 2);
+      t->stride_token = row;
+    }
+    EXPECT_TRUE(b.validate().ok()) << b.validate().message;
+  }
+  {
+    // From saved codes, q, k and v are shapes only: NULL data does not alias anything.
+    BackwardCall b;
+    b.q.data = b.k.data = b.v.data = nullptr;
+    EXPECT_TRUE(validate_backward(&b.q, &b.k, &b.v, &b.o, b.lse, &b.dout, &b.docs, &b.options, &b.dq, &b.dk, &b.dv,
+                                  QkvCodes::kSaved)
+                    .ok());
+  }
+}
+
+// A descriptor whose stride x extent wraps int64 (or the address space) is refused by name.
+TEST(CapiValidation, StrideTimesExtentMustNotWrap) {
+  {
+    Call c;
+    c.k.stride_token = int64_t(1) << 62;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "k spans")) << c.validate().message;
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "wraps int64"));
+  }
+  {
+    Call c;
+    c.o.stride_token = int64_t(1) << 60;  // (14 - 1) * 2^60 wraps
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "o spans")) << c.validate().message;
+  }
+  {
+    Call c;  // fits int64 but runs past the end of the address space
+    c.q.data = fake_pointer(UINTPTR_MAX - 0xFFF);  // 4 KiB left, q spans 7 KiB
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "q spans")) << c.validate().message;
+  }
+}
+
 TEST(CapiValidation, Documents) {
   {
     Call c;
@@ -386,10 +507,16 @@ TEST(CapiValidation, Options) {
     c.options.causal = 2;
     EXPECT_TRUE(Fails(c.validate(), kInvalid, "options.causal"));
   }
-  for (float s : {-1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+  for (float s : {-1.0f, -0.0f, -1e-40f, std::numeric_limits<float>::quiet_NaN(),
+                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()}) {
     Call c;
     c.options.softmax_scale = s;
     EXPECT_TRUE(Fails(c.validate(), kInvalid, "options.softmax_scale")) << s;
+  }
+  for (float s : {0.0f, 1e-30f, 0.125f}) {  // +0 is the default; any positive finite value is taken as is
+    Call c;
+    c.options.softmax_scale = s;
+    EXPECT_TRUE(c.validate().ok()) << s << ": " << c.validate().message;
   }
   {
     Call c;
@@ -625,13 +752,6 @@ TEST(CapiValidation, WorkspaceCheck) {
 }
 
 // A valid backward call on top of Call: dout and dq like q, dk and dv like k.
-struct BackwardCall : Call {
-  flamia_tensor dout = packed(0x70000, T, Hq, D);
-  flamia_tensor dq = packed(0x80000, T, Hq, D);
-  flamia_tensor dk = packed(0x90000, T, Hkv, D);
-  flamia_tensor dv = packed(0xA0000, T, Hkv, D);
-  CallError validate() const { return validate_backward(&q, &k, &v, &o, lse, &dout, &docs, &options, &dq, &dk, &dv); }
-};
 
 TEST(CapiValidation, BackwardChecksEveryArgument) {
   BackwardCall c;

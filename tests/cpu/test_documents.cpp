@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "analysis/probe.h"
 #include "core/documents.h"
 
 namespace flamia {
@@ -30,6 +31,33 @@ TEST(Documents, IndexesTokensAndGroupsFromTheDocumentStart) {
   EXPECT_EQ(scale_group_end(3, ScaleGeometry::kBlock32, 40), 32);
   EXPECT_EQ(scale_group_begin(33, ScaleGeometry::kToken), 33);
   EXPECT_EQ(scale_group_end(33, ScaleGeometry::kToken, 40), 34);
+}
+
+// Lengths whose sum passes INT32_MAX are refused by name (not wrapped into a negative cu_seqlens).
+TEST(Documents, RefusesLengthsThatSumPastInt32) {
+  for (const std::vector<int> lengths : {std::vector<int>{2147483647, 1}, std::vector<int>(3000, 1000000)}) {
+    try {
+      Documents::from_lengths(lengths);
+      FAIL() << "no exception for " << lengths.size() << " documents";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("too many tokens"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("2147483647"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A probed position near INT_MAX is refused by the range check (position + 1 would overflow).
+TEST(ProbeOptions, RefusesPositionsPastTheProbedDocument) {
+  analysis::ProbeOptions o;
+  for (int position : {2147483647, 2147483646, 419, -1}) {
+    o.position = position;
+    EXPECT_THROW(analysis::check_probe_options(o), std::invalid_argument) << position;
+  }
+  o.position = 418;  // len(B) - 2
+  EXPECT_NO_THROW(analysis::check_probe_options(o));
+  o.lengths = {2147483647 - 30, 2, 1};  // the moved document adds 37 tokens: past INT32_MAX
+  o.position = 0;
+  EXPECT_THROW(analysis::check_probe_options(o), std::invalid_argument);
 }
 
 }  // namespace

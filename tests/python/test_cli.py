@@ -69,6 +69,9 @@ def test_numerics_json_has_one_row_per_config_and_tensor():
     (["numerics", "--bogus"], "unknown option --bogus"),
     (["numerics", "--heads", "3", "--kv-heads", "2"], "multiple of --kv-heads"),
     (["probe", "--position", "419"], "--position"),
+    (["probe", "--position", "2147483647"], "--position must lie in [0, len(B) - 2]"),
+    (["numerics", "--lengths", "2147483647,1"], "too many tokens"),
+    (["numerics", "--docs", "1000000", "--len", "1000000"], "too many tokens"),
     (["probe", "--lengths", "5,6"], "three documents"),
     (["probe", "--geometry", "tile"], "--geometry"),
     (["frobnicate"], "unknown command"),
@@ -103,3 +106,53 @@ def test_version_names_the_release_and_the_c_abi():
     header = (REPO / "include" / "flamia" / "flamia.h").read_text()
     abi = header.split("#define FLAMIA_ABI_VERSION ", 1)[1].split()[0]
     assert out.returncode == 0 and out.stdout.strip() == f"flamia {version} (C API ABI {abi})"
+
+
+def run_quick(*args):
+    """A run that must end (refused, or finished) within 5 s."""
+    return subprocess.run([cli_path(), *args], capture_output=True, text=True, timeout=5)
+
+
+@pytest.mark.parametrize("args", [
+    ["numerics", "--dim", "100000"],
+    ["numerics", "--len", "100000"],
+    ["numerics", "--docs", "1", "--len", "2000000000"],
+    ["probe", "--dim", "100000"],
+])
+def test_runs_over_the_memory_or_time_limit_are_refused_before_allocating(args):
+    out = run_quick(*args)
+    assert out.returncode == 2, out.stderr
+    assert "this run needs about" in out.stderr and "--force" in out.stderr
+    assert out.stdout == ""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["numerics", "--lengths", "0,0", "--check"], "no tokens"),
+    (["numerics", "--len", "2000000000"], "too many tokens: the 2 documents hold 4000000000 tokens, more than 2147483647"),
+    (["numerics", "--seed", "-1"], "--seed expects an integer from 0 to 18446744073709551615, got '-1'"),
+    (["numerics", "--len", "99999999999"], "--len expects an integer from 1 to 2147483647, got '99999999999'"),
+    (["numerics", "--len", "0"], "--len expects an integer from 1 to 2147483647"),
+])
+def test_sizes_and_ranges_are_checked_first_and_named(args, message):
+    out = run_quick(*args)
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "non-decreasing" not in out.stderr and "bars met" not in out.stdout
+
+
+def test_help_shows_one_default_per_option_in_one_aligned_column():
+    out = run("numerics", "--help")
+    lines = [line for line in out.stdout.splitlines() if line.startswith("  -")]
+    kv = next(line for line in lines if line.startswith("  --kv-heads"))
+    assert kv.count("(default:") == 1 and kv.endswith("(default: --heads)")
+    columns = {len(line) - len(line[2:].split("  ", 1)[1].lstrip()) for line in lines}
+    assert len(columns) == 1, lines  # every option's text starts in the same column, -h included
+
+
+def test_numerics_table_rows_are_padded_and_progress_reports_percent_and_time_left():
+    out = run("numerics", "--default-only", "--len", "64", "--docs", "2", "--heads", "1", "--dim", "64")
+    assert out.returncode == 0, out.stderr
+    table = [line for line in out.stdout.splitlines() if line.startswith("|")]
+    assert len(table) == 7 and len({len(line) for line in table}) == 1, table
+    assert "estimated:" in out.stderr
+    assert "% of the estimated work done, about" in out.stderr and "left" in out.stderr
