@@ -28,20 +28,29 @@ std::vector<NumericsRow> run_numerics(const AttentionInputs& in, const reference
     const std::string name = std::string(to_string(opt.isolation)) + "/" + std::string(to_string(opt.scale_geometry)) +
                              "/" + std::string(to_string(opt.scale_rule)) + "/u=" + std::string(to_string(opt.u_scale));
     if (progress) progress("mxfp8 " + name);
-    RouteStats stats;
+    RouteStats forward_stats;
     const QuantizedInputs qin = quantize_inputs(in.q, in.k, in.v, in.docs, opt);
-    const ForwardOutputs fwd = mxfp8_forward(qin, in.docs, shape, opt, &stats);
-    const Gradients grads = mxfp8_backward(qin, fwd, in.dout, in.docs, shape, opt, &stats);
-    const std::pair<const char*, Comparison> tensors[] = {
-        {"o", compare(fwd.o.data, exact.o.data)},
-        {"lse", compare(fwd.lse.data, exact.lse.data)},
-        {"dq", compare(grads.dq.data, exact_grads.dq.data)},
-        {"dk", compare(grads.dk.data, exact_grads.dk.data)},
-        {"dv", compare(grads.dv.data, exact_grads.dv.data)},
-    };
-    for (const auto& [tensor, cmp] : tensors) {
-      rows.push_back({"mxfp8", std::string(to_string(opt.isolation)), std::string(to_string(opt.scale_geometry)),
-                      std::string(to_string(opt.scale_rule)), std::string(to_string(opt.u_scale)), tensor, cmp, stats});
+    const ForwardOutputs fwd = mxfp8_forward(qin, in.docs, shape, opt, &forward_stats);
+    std::vector<DqReduction> reductions = {DqReduction::kDeterministic};
+    if (opt.uses_fp16_partials(shape.causal)) reductions.push_back(DqReduction::kFp16Partials);
+    for (const DqReduction reduction : reductions) {
+      NumericsOptions run = opt;
+      run.dq_reduction = reduction;
+      RouteStats stats = forward_stats;
+      if (progress && reductions.size() > 1) progress("mxfp8 " + name + " backward " + std::string(to_string(reduction)));
+      const Gradients grads = mxfp8_backward(qin, fwd, in.dout, in.docs, shape, run, &stats);
+      const std::pair<const char*, Comparison> tensors[] = {
+          {"o", compare(fwd.o.data, exact.o.data)},
+          {"lse", compare(fwd.lse.data, exact.lse.data)},
+          {"dq", compare(grads.dq.data, exact_grads.dq.data)},
+          {"dk", compare(grads.dk.data, exact_grads.dk.data)},
+          {"dv", compare(grads.dv.data, exact_grads.dv.data)},
+      };
+      for (const auto& [tensor, cmp] : tensors) {
+        rows.push_back({"mxfp8", std::string(to_string(opt.isolation)), std::string(to_string(opt.scale_geometry)),
+                        std::string(to_string(opt.scale_rule)), std::string(to_string(opt.u_scale)),
+                        std::string(to_string(reduction)), tensor, cmp, stats});
+      }
     }
   }
   return rows;

@@ -13,7 +13,9 @@
 namespace flamia::analysis {
 
 struct NumericsRow {
-  std::string route, isolation, geometry, rule, u_scale, tensor;
+  std::string route, isolation, geometry, rule, u_scale;
+  std::string backward;  // dQ's reduction: to_string(DqReduction)
+  std::string tensor;
   Comparison cmp;
   reference::RouteStats stats;  // of the whole call; the same on every tensor row of a config
 };
@@ -25,6 +27,9 @@ std::vector<NumericsOptions> default_numerics_configs();
 using Progress = std::function<void(const std::string&)>;
 
 // Runs the FP64 reference once and every configuration against it; rows for o, lse, dq, dk, dv.
+// A configuration runs the deterministic backward, and where FP16 dQ partials apply to it
+// (NumericsOptions::uses_fp16_partials) the fp16_partials backward too, over the same forward:
+// rows of both reductions, deterministic first (o and lse repeat, the stats are each call's).
 std::vector<NumericsRow> run_numerics(const AttentionInputs& in, const reference::AttentionShape& shape,
                                       const std::vector<NumericsOptions>& configs, const Progress& progress = {});
 

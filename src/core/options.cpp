@@ -6,6 +6,7 @@ std::string_view to_string(Isolation v) { return v == Isolation::kPrefix ? "pref
 std::string_view to_string(ScaleGeometry v) { return v == ScaleGeometry::kToken ? "token" : "block32"; }
 std::string_view to_string(ScaleRule v) { return v == ScaleRule::kFloor ? "floor" : "ceil"; }
 std::string_view to_string(UScaleGeometry v) { return v == UScaleGeometry::kSquare32 ? "square32" : "rowcol"; }
+std::string_view to_string(DqReduction v) { return v == DqReduction::kFp16Partials ? "fp16_partials" : "deterministic"; }
 
 std::optional<Isolation> parse_isolation(std::string_view s) {
   if (s == "document") return Isolation::kDocument;
@@ -25,6 +26,11 @@ std::optional<ScaleRule> parse_scale_rule(std::string_view s) {
 std::optional<UScaleGeometry> parse_u_scale(std::string_view s) {
   if (s == "rowcol") return UScaleGeometry::kRowCol;
   if (s == "square32") return UScaleGeometry::kSquare32;
+  return std::nullopt;
+}
+std::optional<DqReduction> parse_dq_reduction(std::string_view s) {
+  if (s == "deterministic") return DqReduction::kDeterministic;
+  if (s == "fp16_partials") return DqReduction::kFp16Partials;
   return std::nullopt;
 }
 

@@ -30,6 +30,12 @@ enum class UScaleGeometry : uint8_t {
   kSquare32,  // Blackwell layout: one 32x32 square shared by both orientations (leaks in prefix mode)
 };
 
+// How dQ's sums are reduced (docs/NUMERICS.md, "dQ's reduction").
+enum class DqReduction : uint8_t {
+  kDeterministic,  // a dQ pass of its own: each row summed by one owner in a fixed order (bitwise repeatable)
+  kFp16Partials,   // partials of the dK dV pass, boosted per row and summed in FP16 (five products instead of seven)
+};
+
 struct NumericsOptions {
   Isolation isolation = Isolation::kDocument;
   ScaleGeometry scale_geometry = ScaleGeometry::kBlock32;
@@ -37,6 +43,7 @@ struct NumericsOptions {
   UScaleGeometry u_scale = UScaleGeometry::kRowCol;
   int p_boost_log2 = 8;    // P is rounded as E4M3(p * 2^boost * fold); docs/DESIGN.md §2, "P and its boost"
   bool hadamard = false;   // rotate Q and K along features before quantizing (D a multiple of 64)
+  DqReduction dq_reduction = DqReduction::kFp16Partials;
 
   // Prefix isolation closes the 32-token groups that straddle a query by giving the loaded
   // operands per-token scales: Q and dO everywhere, K and V where a pair is not interior
@@ -48,6 +55,17 @@ struct NumericsOptions {
   // codes) and block32 (the interior codes, read on interior pairs, whose groups lie wholly before
   // the query). With token geometry every pair reads the per-token codes.
   bool interior_codes() const { return isolation == Isolation::kPrefix && scale_geometry == ScaleGeometry::kBlock32; }
+  // Whether a call's dQ is reduced from FP16 partials (core/dq_partials.h). Only document
+  // isolation with a causal mask takes them; every other call takes the deterministic reduction:
+  // prefix isolation's guarantee that dQ_i is bitwise independent of positions after i needs a
+  // reduction in a fixed order that no later tile can touch, and the partials' per-row factors
+  // come from bounds over the row's prefix (the largest K and V scales over keys j <= i), which
+  // cover the row's keys only when the row is causal. The partials are a Hopper layout with one U
+  // scale per row (sigma_i); 32x32 U squares have no row scale and keep their own dQ.
+  bool uses_fp16_partials(bool causal) const {
+    return dq_reduction == DqReduction::kFp16Partials && isolation == Isolation::kDocument && causal &&
+           u_scale == UScaleGeometry::kRowCol;
+  }
 };
 
 // Names as they appear on the command line, in JSON and in the Python API.
@@ -55,9 +73,11 @@ std::string_view to_string(Isolation v);
 std::string_view to_string(ScaleGeometry v);
 std::string_view to_string(ScaleRule v);
 std::string_view to_string(UScaleGeometry v);
+std::string_view to_string(DqReduction v);
 std::optional<Isolation> parse_isolation(std::string_view s);
 std::optional<ScaleGeometry> parse_scale_geometry(std::string_view s);
 std::optional<ScaleRule> parse_scale_rule(std::string_view s);
 std::optional<UScaleGeometry> parse_u_scale(std::string_view s);
+std::optional<DqReduction> parse_dq_reduction(std::string_view s);
 
 }  // namespace flamia

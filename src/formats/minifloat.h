@@ -1,4 +1,4 @@
-// Small floating-point formats: E4M3 (OCP "fn"), E5M2, E2M1, and BF16 rounding.
+// Small floating-point formats: E4M3 (OCP "fn"), E5M2, E2M1, and BF16 and FP16 rounding.
 //
 // One generic codec, parameterized by the format's bit layout, serves every format, so the
 // rounding rule is written once: round-to-nearest-even on the magnitude, saturation to the
@@ -135,6 +135,23 @@ FLAMIA_HD double round_to_bf16(double x) {
   double r = std::ldexp(std::rint(std::ldexp(a, kMan - e)), e - kMan);
   // Largest finite BF16 is (2 - 2^-7) * 2^127; anything rounding above it is Inf.
   if (r > std::ldexp(255.0, kMaxExp - kMan)) r = INFINITY;
+  return x < 0 ? -r : r;
+}
+
+// FP16 (IEEE binary16: 5 exponent bits, 10 mantissa bits, Inf and NaN), round-to-nearest-even,
+// subnormals kept (no flush to zero), overflow to Inf: the tensor cores' FP16 accumulator and
+// conversions. Returned as the double it represents.
+FLAMIA_HD double round_to_fp16(double x) {
+  if (std::isnan(x) || std::isinf(x) || x == 0.0) return x;
+  constexpr int kMan = 10, kMinExp = -14, kMaxExp = 15;
+  const double a = std::fabs(x);
+  int exp2_plus_one;
+  std::frexp(a, &exp2_plus_one);
+  int e = exp2_plus_one - 1;
+  if (e < kMinExp) e = kMinExp;  // subnormals: the lattice step stays 2^-24
+  double r = std::ldexp(std::rint(std::ldexp(a, kMan - e)), e - kMan);
+  // Largest finite FP16 is (2 - 2^-10) * 2^15 = 65504; anything rounding above it is Inf.
+  if (r > std::ldexp(2047.0, kMaxExp - kMan)) r = INFINITY;
   return x < 0 ? -r : r;
 }
 

@@ -205,7 +205,7 @@ ForwardOutputs reference_forward(const PackedTensor& q, const PackedTensor& k, c
   check_qkv(kFn, q, k, v, docs);
   const int T = q.tokens, Hq = q.heads, Hkv = k.heads, D = q.dim, group = Hq / Hkv;
   const double scale = shape.scale_for(D);
-  ForwardOutputs out{PackedTensor(T, Hq, D), HeadTokenTensor(Hq, T)};
+  ForwardOutputs out{PackedTensor(T, Hq, D), HeadTokenTensor(Hq, T), {}};  // no p_max: the FP64 backward has no FP16 partials
 
   // Rows are independent: one task per (document, query head, block of rows), so a long document
   // spreads over every core; each row's arithmetic is the same whatever the split.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dq_partials.h"
 #include "core/parallel.h"
 #include "core/tiling.h"
 #include "formats/minifloat.h"
@@ -115,6 +116,8 @@ void RouteStats::merge(const RouteStats& o) {
   u_nonzero += o.u_nonzero, u_zeroed += o.u_zeroed, rows += o.rows;
   row_residual_max = nan_max(row_residual_max, o.row_residual_max);
   row_residual_sum_sq += o.row_residual_sum_sq;
+  dq_u_ratio_max = std::max(dq_u_ratio_max, o.dq_u_ratio_max);
+  dq_acc_max = std::max(dq_acc_max, o.dq_acc_max);
 }
 
 void check_route_options(const AttentionShape& shape, const NumericsOptions& options, int head_dim) {
@@ -160,7 +163,7 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
   const int T = in.q.tokens, Hq = in.q.heads, Hkv = in.k.heads, D = in.q.dim;
   const double scale_log2e = shape.scale_for(D) * std::numbers::log2e;
   const int boost = options.p_boost_log2;
-  ForwardOutputs out{PackedTensor(T, Hq, D), HeadTokenTensor(Hq, T)};
+  ForwardOutputs out{PackedTensor(T, Hq, D), HeadTokenTensor(Hq, T), HeadTokenTensor(Hq, T)};
   // Rows are independent: one task per (document, head, block of query rows), so a long document
   // spreads over every core. Each row's arithmetic is the same whatever the split.
   constexpr int kRowBlock = tiling::kFwdQueryTile;
@@ -209,6 +212,8 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
       double* o = out.o.row(begin + p, h);
       for (int f = 0; f < D; ++f) o[f] = formats::round_to_bf16(acc[f] * o_scale);
       out.lse.at(h, begin + p) = double(float((m + std::log2(l)) / std::numbers::log2e));
+      // l is the row sum relative to the final max m, whose own term is 1: p_max = 2^(m - m) / l.
+      out.row_max_prob.at(h, begin + p) = double(float(1.0 / l));
     }
   });
   if (stats) {
@@ -228,6 +233,11 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
   if (dout.tokens != T || dout.heads != Hq || dout.dim != D) throw std::invalid_argument("dout must have the shape of q");
   if (fwd.o.tokens != T || fwd.o.heads != Hq || fwd.lse.tokens != T || fwd.lse.heads != Hq)
     throw std::invalid_argument("the saved forward outputs (o, lse) must match q");
+  const bool partials = options.uses_fp16_partials(shape.causal);
+  if (partials && (fwd.row_max_prob.tokens != T || fwd.row_max_prob.heads != Hq))
+    throw std::invalid_argument(
+        "dq_reduction=fp16_partials needs the forward's row_max_prob (p_max = 1/l per row, [Hq, T]); this forward "
+        "did not save it (pass it, or ask for dq_reduction=deterministic)");
   const double scale = shape.scale_for(D), scale_log2e = scale * std::numbers::log2e;
   const int boost = options.p_boost_log2, group = Hq / Hkv;
   const Mxfp8Tensor g_codes = quantize_mxfp8(dout, docs, options.effective_geometry(), options.scale_rule);
@@ -248,11 +258,28 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
     const PairOperand k = load_pairs(in.k, in.k_interior, begin, len, kvh);
     const PairOperand v = load_pairs(in.v, in.v_interior, begin, len, kvh);
     std::vector<double> dk(size_t(len) * D, 0.0), dv(size_t(len) * D, 0.0);
+    // FP16 partials: the largest K and V scale exponents over the keys j <= i and whether one of
+    // those scales is NaN, as prefix maxima over the document (document isolation: no interior codes).
+    std::vector<int> ek_max, ev_max;
+    std::vector<char> kv_nan;
+    if (partials) {
+      ek_max.resize(len), ev_max.resize(len), kv_nan.resize(len);
+      int ek = formats::kMinScaleExponent, ev = formats::kMinScaleExponent;
+      bool nan = false;
+      for (int j = 0; j < len; ++j) {
+        const double xk = k.frontier.exponents[j], xv = v.frontier.exponents[j];
+        nan = nan || std::isnan(xk) || std::isnan(xv);
+        if (!std::isnan(xk)) ek = std::max(ek, int(xk));
+        if (!std::isnan(xv)) ev = std::max(ev, int(xv));
+        ek_max[j] = ek, ev_max[j] = ev, kv_nan[j] = nan;
+      }
+    }
     // U_ij (or its 32x32-square rounding) and the rounded dV operand for a chunk of rows x all keys
     // (0 where masked); chunks of rows keep the memory at kChunkRows x len.
     constexpr int kChunkRows = 16 * kQT;
     const int chunk_rows = std::min(len, kChunkRows);
     std::vector<double> U(size_t(chunk_rows) * len), PT(size_t(chunk_rows) * len), residual(len);
+    std::vector<dq_partials::RowFactors> factors(partials ? chunk_rows : 0);  // per row of the chunk
 
     // dV fold reference: the largest dO exponent in the document over the query heads of this KV
     // group (they all sum into this dV, so one reference serves them all).
@@ -283,6 +310,17 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
           double Di = 0.0;  // D_i from the reconstructed dO and the saved O
           for (int f = 0; f < D; ++f) Di += g.row(p)[f] * o[f];
           Di *= std::exp2(g.exponents[p]);
+          if (partials) {  // sigma_i and beta_i from the row's bounds, before any U is formed
+            // |cg_i|^2 is exact in double in any order (E4M3 squares are multiples of 2^-18 and the
+            // sum stays below 2^25), so a kernel that sums exactly (e.g. in integers) gets the same float.
+            double code_sq = 0.0;
+            for (int f = 0; f < D; ++f) code_sq += g.row(p)[f] * g.row(p)[f];
+            const bool g_nan = std::isnan(g.exponents[p]);
+            const dq_partials::RowInputs ri{float(std::sqrt(code_sq)), g_nan ? 0 : int(g.exponents[p]), float(Di),
+                                            float(fwd.row_max_prob.at(h, begin + p)), ek_max[p], ev_max[p],
+                                            g_nan || kv_nan[p] != 0};
+            factors[p - c0] = dq_partials::row_factors(ri, D);
+          }
           double row_residual = 0.0;
           double* u_row = &u_at(p, 0);
           double* pt_row = &PT[size_t(p - c0) * len];
@@ -316,6 +354,43 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
               const DocOperand& kj = k.at(p0 + r, j);
               if (u != 0.0) axpy(u * scale * std::exp2(kj.exponents[j]), kj.row(j), dq, D);
             }
+          }
+          return;
+        }
+        if (partials) {
+          // dQ by boosted FP16 partials (core/dq_partials.h): K's per-key scale folded into U
+          // against one scale per row, sigma_i; each 128-key tile's partial (in double) is boosted
+          // by 2^beta_i, rounded to FP16 and added to an FP16 accumulator, tiles ascending.
+          std::vector<double> partial(D), acc(D);
+          for (int p = p0; p < p0 + rows; ++p) {
+            const dq_partials::RowFactors fct = factors[p - c0];
+            const double sigma_scale = formats::decode_ue8m0(fct.sigma);  // NaN for the NaN scale
+            const double* u_row = &u_at(p, 0);
+            std::fill(acc.begin(), acc.end(), 0.0);
+            for (int j0 = 0; j0 <= p; j0 += kKT) {  // causal: the row's keys are j <= p
+              const int j1 = std::min(j0 + kKT, p + 1);
+              std::fill(partial.begin(), partial.end(), 0.0);
+              for (int j = j0; j < j1; ++j) {
+                const double w = u_row[j] * std::exp2(k.frontier.exponents[j]);
+                const double wt = formats::decode_scaled_e4m3(formats::encode_scaled_e4m3(w, fct.sigma), fct.sigma);
+                const double ratio = std::fabs(w) / sigma_scale;
+                if (ratio > formats::kE4M3Max) ++ts.saturated_u;  // false for NaN: the row is NaN anyway
+                if (std::isfinite(ratio)) ts.dq_u_ratio_max = std::max(ts.dq_u_ratio_max, ratio);
+                if (w != 0.0) {
+                  ++ts.u_nonzero;
+                  if (wt == 0.0) ++ts.u_zeroed;
+                }
+                if (wt != 0.0) axpy(wt, k.frontier.row(j), partial.data(), D);  // NaN wt: a NaN row
+              }
+              for (int f = 0; f < D; ++f) {
+                const double p16 = formats::round_to_fp16(std::ldexp(partial[f], fct.beta));
+                acc[f] = formats::round_to_fp16(acc[f] + p16);
+                if (std::isfinite(acc[f]) && std::isfinite(p16))
+                  ts.dq_acc_max = std::max({ts.dq_acc_max, std::fabs(p16), std::fabs(acc[f])});
+              }
+            }
+            double* dq = out.dq.row(begin + p, h);
+            for (int f = 0; f < D; ++f) dq[f] = std::ldexp(acc[f], -fct.beta) * scale;
           }
           return;
         }

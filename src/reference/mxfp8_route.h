@@ -21,6 +21,10 @@
 //   dV_j = sum_i E4M3(P_ij 2^(boost + eg_i - gamma)) cg_i 2^(gamma - boost), gamma = max eg in the
 //          document over the query heads of j's KV group
 //   dQ_i = scale * sum_tiles 2^sigma sum_j E4M3(U_ij 2^ek_j / 2^sigma) ck_j,  sigma per (row, key tile)
+//          with NumericsOptions::uses_fp16_partials instead (core/dq_partials.h: sigma_i, beta_i per row)
+//   dQ_i = scale 2^-beta_i acc_i,  acc_i = FP16 sum over key tiles ascending of
+//          FP16(2^beta_i 2^sigma_i sum_{j in tile} E4M3(U_ij 2^ek_j / 2^sigma_i) ck_j)
+//          (the partial exact, each FP16 addition rounded; p_max_i = fwd.row_max_prob)
 //   dK_j = scale * sum_tiles 2^tau   sum_i E4M3(U_ij 2^eq_i / 2^tau) cq_i,    tau per (column, query tile)
 // (or, with UScaleGeometry::kSquare32, one 32x32 U square scale shared by both products.)
 #pragma once
@@ -42,6 +46,11 @@ struct RouteStats {
   int64_t rows = 0;                     // query rows that contributed a row residual
   double row_residual_max = 0.0;        // max_i |sum_j dS_ij| before U is rounded
   double row_residual_sum_sq = 0.0;
+  // dQ by FP16 partials (NumericsOptions::uses_fp16_partials), finite rows only: the largest
+  // |U_ij 2^ek_j| / 2^sigma_i (the bounds of core/dq_partials.h keep it <= 448, up to the float
+  // rounding of their inputs) and the largest magnitude a boosted partial or the FP16 accumulator
+  // held (< 2^15 by the same bounds). 0 when the call takes the deterministic reduction.
+  double dq_u_ratio_max = 0.0, dq_acc_max = 0.0;
 
   double u_zero_fraction() const { return u_nonzero ? double(u_zeroed) / double(u_nonzero) : 0.0; }
   double row_residual_rms() const;

@@ -45,10 +45,13 @@ struct AttentionShape {
 
 namespace flamia::reference {
 
-// What an attention forward returns: O [T, Hq, D] and the natural-log LSE [Hq, T].
+// What an attention forward returns: O [T, Hq, D] and the natural-log LSE [Hq, T], and for the
+// backward's FP16 dQ partials each row's largest probability p_max = exp(m_i - LSE_i) = 1 / l_i
+// [Hq, T] (FP32; 0 on tokens outside every document; empty where a forward does not save it).
 struct ForwardOutputs {
   PackedTensor o;
   HeadTokenTensor lse;
+  HeadTokenTensor row_max_prob;
 };
 
 // What an attention backward returns, in the layouts of q, k and v.

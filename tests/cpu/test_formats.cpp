@@ -383,5 +383,79 @@ TEST(Bf16Rounding, SubnormalsRoundToNearestEvenWithoutFlushing) {
   EXPECT_EQ(round_to_bf16(1.0 + 3 * 0x1p-8), 1.0 + 0x1p-6);
 }
 
+// FP16 values from their bits.
+double fp16_value(uint16_t bits) {
+  const int biased = (bits >> 10) & 0x1f, man = bits & 0x3ff;
+  const double mag = biased == 0x1f ? (man ? kNaN : kInf)
+                     : biased == 0  ? std::ldexp(double(man), -24)
+                                    : std::ldexp(double(1024 + man), biased - 25);
+  return (bits & 0x8000) ? -mag : mag;
+}
+
+TEST(Fp16Rounding, EveryFp16ValueRoundTrips) {
+  int nans = 0;
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const double v = fp16_value(uint16_t(b));
+    if (std::isnan(v)) {
+      ++nans;
+      EXPECT_TRUE(std::isnan(round_to_fp16(v)));
+      continue;
+    }
+    ASSERT_TRUE(same(round_to_fp16(v), v)) << std::hex << b;
+  }
+  EXPECT_EQ(nans, 2 * 1023);
+  EXPECT_EQ(fp16_value(0x7BFF), 65504.0);
+  EXPECT_EQ(fp16_value(0x3C00), 1.0);
+}
+
+TEST(Fp16Rounding, MidpointsTieToEvenAndNeighboursRoundToNearest) {
+  // Positive finite fp16 codes 0..0x7BFF, subnormals included; the code LSB is the mantissa LSB.
+  for (uint32_t b = 0; b < 0x7BFF; ++b) {
+    const double lo = fp16_value(uint16_t(b)), hi = fp16_value(uint16_t(b + 1));
+    const double mid = (lo + hi) / 2;
+    const double even = b % 2 == 0 ? lo : hi;
+    ASSERT_EQ(round_to_fp16(mid), even) << std::hex << b;
+    ASSERT_EQ(round_to_fp16(-mid), -even) << std::hex << b;
+    ASSERT_EQ(round_to_fp16(std::nextafter(mid, kInf)), hi) << std::hex << b;
+    ASSERT_EQ(round_to_fp16(std::nextafter(mid, 0.0)), lo) << std::hex << b;
+  }
+}
+
+TEST(Fp16Rounding, OverflowGoesToInfinity) {
+  const double max = 65504.0;  // (2 - 2^-10) * 2^15
+  const double mid = 65520.0;  // max + half an ulp (ulp 32): ties to the even "code" 2^16 = Inf
+  EXPECT_EQ(round_to_fp16(std::nextafter(mid, 0.0)), max);
+  EXPECT_EQ(round_to_fp16(mid), kInf);
+  EXPECT_EQ(round_to_fp16(-mid), -kInf);
+  EXPECT_EQ(round_to_fp16(65536.0), kInf);
+  EXPECT_EQ(round_to_fp16(1e300), kInf);
+  EXPECT_EQ(round_to_fp16(-1e300), -kInf);
+  EXPECT_EQ(round_to_fp16(kInf), kInf);
+  EXPECT_EQ(round_to_fp16(-kInf), -kInf);
+  EXPECT_TRUE(std::isnan(round_to_fp16(kNaN)));
+  EXPECT_TRUE(std::isnan(round_to_fp16(-kNaN)));
+}
+
+TEST(Fp16Rounding, SubnormalsRoundToNearestEvenWithoutFlushing) {
+  const double tiny = 0x1p-24;  // smallest fp16 subnormal
+  EXPECT_EQ(fp16_value(0x0001), tiny);
+  EXPECT_EQ(round_to_fp16(tiny), tiny);
+  EXPECT_TRUE(same(round_to_fp16(0x1p-25), 0.0));  // exactly half: ties to even zero
+  EXPECT_TRUE(same(round_to_fp16(-0x1p-25), -0.0));
+  EXPECT_EQ(round_to_fp16(std::nextafter(0x1p-25, 1.0)), tiny);
+  EXPECT_TRUE(same(round_to_fp16(std::nextafter(0x1p-25, 0.0)), 0.0));  // below 2^-25: zero
+  EXPECT_TRUE(same(round_to_fp16(0x1p-40), 0.0));
+  EXPECT_EQ(round_to_fp16(0.75 * tiny), tiny);
+  EXPECT_EQ(round_to_fp16(1.5 * tiny), 2 * tiny);    // tie to even
+  EXPECT_EQ(round_to_fp16(2.5 * tiny), 2 * tiny);    // tie to even
+  EXPECT_EQ(round_to_fp16(1023.5 * tiny), 0x1p-14);  // largest subnormal rounds up to the min normal
+  EXPECT_EQ(round_to_fp16(std::numeric_limits<double>::denorm_min()), 0.0);
+  EXPECT_TRUE(same(round_to_fp16(-0.0), -0.0));
+  EXPECT_EQ(round_to_fp16(1.0 + 0x1p-11), 1.0);  // tie at 1 + half ulp goes to even 1.0
+  EXPECT_EQ(round_to_fp16(1.0 + 3 * 0x1p-11), 1.0 + 0x1p-9);
+  EXPECT_EQ(round_to_fp16(2049.0), 2048.0);  // integers above 2048 step by 2
+  EXPECT_EQ(round_to_fp16(2051.0), 2052.0);
+}
+
 }  // namespace
 }  // namespace flamia::formats

@@ -32,16 +32,20 @@ Call emulate(const analysis::AttentionInputs& in, const NumericsOptions& opt, bo
   return c;
 }
 
-// docs/DESIGN.md §4 bars on the configuration: 2 documents x 1024 tokens, causal, Hq = 4, D = 128.
+// docs/DESIGN.md §4 bars on the configuration: 2 documents x 1024 tokens, causal, Hq = 4, D = 128,
+// with both dQ reductions.
 TEST(Mxfp8Route, MeetsTheAccuracyBarsOnTwoDocumentsOf1024) {
   const auto in = analysis::random_inputs({{1024, 1024}, 4, 4, 128}, 0);
   const auto rows = analysis::run_numerics(in, {.causal = true}, {NumericsOptions{}});
+  ASSERT_EQ(rows.size(), 10u);
   for (const auto& r : rows) {
-    SCOPED_TRACE(r.tensor);
+    SCOPED_TRACE(r.tensor + " " + r.backward);
     if (r.tensor == "o") EXPECT_GE(r.cmp.cosine, 0.998);
     if (r.tensor == "dq" || r.tensor == "dk" || r.tensor == "dv") EXPECT_GE(r.cmp.cosine, 0.997);
     if (r.tensor == "lse") EXPECT_LT(r.cmp.max_abs, 0.2);
-    EXPECT_LT(r.stats.u_zero_fraction(), 0.01);
+    // The fp16_partials row scale of U comes from a bound, not the key tile's max, so more of U's
+    // smallest entries (which carry little of dQ) round to 0 (seen: 1.5%, against 0.007%).
+    EXPECT_LT(r.stats.u_zero_fraction(), r.backward == "fp16_partials" ? 0.03 : 0.01);
     EXPECT_LT(r.stats.row_residual_rms(), 0.01);
     EXPECT_EQ(r.stats.saturated_p + r.stats.saturated_u, 0);  // boost 2^8 and ceil U scales never clip
   }

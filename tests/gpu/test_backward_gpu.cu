@@ -50,7 +50,10 @@ class BackwardVsEmulation : public ::testing::TestWithParam<Case> {};
 TEST_P(BackwardVsEmulation, MatchesTheEmulationAndMeetsTheBars) {
   FLAMIA_REQUIRE_GPU();
   const Case c = GetParam();
-  const NumericsOptions opt = analysis::default_numerics_configs()[c.config];
+  NumericsOptions opt = analysis::default_numerics_configs()[c.config];
+  // The kernels reduce dQ in a pass of their own (and their forward saves no row_max_prob), so
+  // the emulation they are held to is the deterministic reduction.
+  opt.dq_reduction = DqReduction::kDeterministic;
   auto in = analysis::random_inputs({kAwkwardLengths, c.q_heads, c.kv_heads, c.dim}, 4321 + c.config);
   if (c.zero_dout_spans) {
     ASSERT_EQ(in.docs.end(7) - in.docs.begin(7), 1000);

@@ -23,7 +23,7 @@ const fmt::MinifloatSpec* spec_of(int format) {
 
 extern "C" {
 
-int flamia_codec_shim_version() { return 2; }
+int flamia_codec_shim_version() { return 3; }
 
 int flamia_shim_encode(int format, const double* x, uint8_t* codes, int64_t n) {
   const fmt::MinifloatSpec* f = spec_of(format);
@@ -41,6 +41,10 @@ int flamia_shim_decode(int format, const uint8_t* codes, double* out, int64_t n)
 
 void flamia_shim_round_bf16(const double* x, double* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = fmt::round_to_bf16(x[i]);
+}
+
+void flamia_shim_round_fp16(const double* x, double* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = fmt::round_to_fp16(x[i]);
 }
 
 // rule: 0 = ceil, 1 = floor (formats/scales.h).

@@ -53,13 +53,29 @@ def test_numerics_json_has_one_row_per_config_and_tensor():
     out = run("numerics", "--json", "--len", "160", "--docs", "2", "--heads", "2", "--dim", "64", "--quiet")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["rows"]
-    keys = {"route", "isolation", "geometry", "rule", "tensor", "cosine", "rel_l2", "max_abs",
+    keys = {"route", "isolation", "geometry", "rule", "backward", "tensor", "cosine", "rel_l2", "max_abs",
             "row_residual_max", "u_zero_fraction"}
     assert all(keys <= set(r) for r in rows)
     assert {r["tensor"] for r in rows} == {"o", "lse", "dq", "dk", "dv"}
     assert {(r["isolation"], r["geometry"], r["rule"]) for r in rows} >= {
         ("document", "block32", "ceil"), ("document", "token", "ceil"), ("document", "block32", "floor"),
         ("prefix", "block32", "ceil"), ("prefix", "token", "ceil")}
+    # Causal document isolation with per-row U scales reports both dQ reductions; prefix isolation
+    # and 32x32 U squares only the deterministic one.
+    reductions = {}
+    for r in rows:
+        reductions.setdefault((r["isolation"], r["geometry"], r["rule"], r["u_scale"]), set()).add(r["backward"])
+    for (isolation, _, _, u_scale), seen in reductions.items():
+        both = isolation == "document" and u_scale == "rowcol"
+        assert seen == ({"deterministic", "fp16_partials"} if both else {"deterministic"}), (isolation, u_scale, seen)
+
+
+def test_numerics_non_causal_reports_only_the_deterministic_backward():
+    out = run("numerics", "--json", "--non-causal", "--default-only", "--len", "96", "--docs", "2", "--heads", "2",
+              "--dim", "64", "--quiet")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["rows"]
+    assert len(rows) == 5 and {r["backward"] for r in rows} == {"deterministic"}
     for r in rows:
         assert 0.99 < r["cosine"] <= 1.0, r
 
@@ -94,9 +110,14 @@ def test_numerics_default_only_reports_just_the_default_route():
               "--quiet")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["rows"]
-    assert len(rows) == 5
+    assert len(rows) == 10  # o, lse, dq, dk, dv for each dQ reduction
     assert {(r["isolation"], r["geometry"], r["rule"], r["u_scale"]) for r in rows} == {
         ("document", "block32", "ceil", "rowcol")}
+    assert [r["backward"] for r in rows] == ["deterministic"] * 5 + ["fp16_partials"] * 5
+    by = {(r["backward"], r["tensor"]): r for r in rows}
+    for tensor in ("o", "lse", "dk", "dv"):  # one forward; the reductions differ in dQ alone
+        assert by[("deterministic", tensor)]["cosine"] == by[("fp16_partials", tensor)]["cosine"]
+    assert by[("deterministic", "dq")]["cosine"] != by[("fp16_partials", "dq")]["cosine"]
 
 
 def test_version_names_the_release_and_the_c_abi():

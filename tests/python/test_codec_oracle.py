@@ -1,4 +1,5 @@
-"""Cross-checks the C++ codecs (formats/minifloat.h, formats/scales.h) against ml_dtypes.
+"""Cross-checks the C++ codecs (formats/minifloat.h, formats/scales.h) against ml_dtypes
+(and FP16 rounding against numpy's float16, which converts float64 directly, in one rounding).
 
 The C++ side is reached through the ctypes shim tests/python/codec_shim.cpp, found through
 the FLAMIA_CODEC_SHIM environment variable (ctest sets it) or build/tests/ under the repo root.
@@ -55,6 +56,7 @@ def shim():
     lib.flamia_shim_encode.argtypes = [ctypes.c_int, _f64p, _u8p, ctypes.c_int64]
     lib.flamia_shim_decode.argtypes = [ctypes.c_int, _u8p, _f64p, ctypes.c_int64]
     lib.flamia_shim_round_bf16.argtypes = [_f64p, _f64p, ctypes.c_int64]
+    lib.flamia_shim_round_fp16.argtypes = [_f64p, _f64p, ctypes.c_int64]
     lib.flamia_shim_scale_for_amax.argtypes = [_f64p, ctypes.c_int, _u8p, ctypes.c_int64]
     lib.flamia_shim_decode_ue8m0.argtypes = [_u8p, _f64p, ctypes.c_int64]
     return lib
@@ -82,6 +84,13 @@ def round_bf16(shim, x):
     x = _f64(x)
     out = np.empty_like(x)
     shim.flamia_shim_round_bf16(x.ctypes.data_as(_f64p), out.ctypes.data_as(_f64p), x.size)
+    return out
+
+
+def round_fp16(shim, x):
+    x = _f64(x)
+    out = np.empty_like(x)
+    shim.flamia_shim_round_fp16(x.ctypes.data_as(_f64p), out.ctypes.data_as(_f64p), x.size)
     return out
 
 
@@ -208,6 +217,26 @@ def test_bf16_rounding_matches_ml_dtypes(shim):
     ok = same_bits(ours, ref)
     bad = np.flatnonzero(~ok)
     assert ok.all(), f"first mismatches: x={x[bad[:5]]} ours={ours[bad[:5]]} ml_dtypes={ref[bad[:5]]}"
+
+
+def test_fp16_rounding_matches_numpy_float16(shim):
+    # numpy converts float64 to float16 directly (round to nearest even, subnormals, overflow to
+    # Inf), so float64 inputs that are not float32-exact test the one rounding too.
+    values = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float64)  # every fp16 value
+    finite = np.unique(values[np.isfinite(values) & (values >= 0)])
+    mids = (finite[:-1] + finite[1:]) / 2  # 12 significant bits: float64-exact
+    near = np.concatenate([np.nextafter(mids, np.inf), np.nextafter(mids, 0)])
+    past_max = np.array([65504.0, 65519.99, 65520.0, 65536.0, 1e300, 2.0**-25, 2.0**-25 * 1.0000001, 2.0**-26])
+    rng = np.random.default_rng(3)
+    raw = random_float32(rng, 100_000).astype(np.float64)
+    wide = rng.standard_normal(100_000) * np.exp2(rng.uniform(-30, 20, 100_000))  # float64, not float32-exact
+    x = np.concatenate([values, mids, -mids, near, -near, past_max, -past_max, raw, wide])
+    with np.errstate(over="ignore"):
+        ref = x.astype(np.float16).astype(np.float64)
+    ours = round_fp16(shim, x)
+    ok = same_bits(ours, ref)
+    bad = np.flatnonzero(~ok)
+    assert ok.all(), f"first mismatches: x={x[bad[:5]]} ours={ours[bad[:5]]} numpy={ref[bad[:5]]}"
 
 
 def test_ue8m0_decode_of_all_256_codes_matches_ml_dtypes_e8m0(shim):
