@@ -4,8 +4,14 @@
 import json
 import pathlib
 
-from attention.impls import BF16_BASELINES, FP8_BASELINE, IMPLS, TORCH_SETUPS, log
+from attention.impls import BF16_BASELINES, COSINE_MIN, FA3_BASELINE, FP8_BASELINE, IMPLS, TORCH_SETUPS, log
 import workloads as W
+
+
+# Statuses shown in the table's cell itself (no time): outputs that failed the cosine check, and
+# implementations whose process died.
+REFUSED = ("wrong outputs", "crashed")
+
 
 def summarize(row):
     impls = row["impls"]
@@ -19,11 +25,13 @@ def summarize(row):
     for name in BF16_BASELINES:
         tf = tflops(name)
         if impls.get(name, {}).get("warning"):
-            continue  # its output is not this attention: no fair comparison
+            continue  # (JSON from before outputs were refused) its output is not this attention
         if tf is not None and (best_tf is None or tf > best_tf):
             best_name, best_tf = name, tf
     row["best_bf16"] = best_name
     row["ratio_vs_best_bf16"] = flamia_tf / best_tf if flamia_tf and best_tf else None
+    fa3_tf = tflops(FA3_BASELINE)
+    row["ratio_vs_fa3"] = flamia_tf / fa3_tf if flamia_tf and fa3_tf else None
     fp8_tf = tflops(FP8_BASELINE) if not impls.get(FP8_BASELINE, {}).get("warning") else None
     row["ratio_vs_cudnn_fp8"] = flamia_tf / fp8_tf if flamia_tf and fp8_tf else None
     prefix_tf = tflops("flamia-prefix")
@@ -71,11 +79,15 @@ def markdown(meta, rows, impls):
         f"(visible pairs: {flops}). "
         + ("Every torch implementation is timed replaying its call from a CUDA graph (no host time; JAX's "
            f"calls are {jax_timing}). " if meta.get("graph") else f"Eager calls ({eager}). ")
-        + "Ratios are flamia's TFLOP/s over the best BF16 baseline's and over cuDNN FP8's; 'prefix / default' is "
-        "the time of isolation=prefix over the default's.",
+        + "Ratios are flamia's TFLOP/s over FlashAttention-3's (`jax-fa3`, the BF16 baseline to beat), over the "
+        "best BF16 baseline's and over cuDNN FP8's; 'prefix / default' is the time of isolation=prefix over the "
+        f"default's. Every output is checked against flamia's (cosine >= {COSINE_MIN}): a cell 'wrong outputs' "
+        "failed that check and its time is not reported; 'crashed' is an implementation whose process died "
+        "(each workload runs in a process of its own, so the others still ran).",
         "",
     ]
-    header = ["workload", "docs"] + list(impls) + ["flamia / best BF16", "flamia / cuDNN FP8", "prefix / default"]
+    header = ["workload", "docs"] + list(impls) + ["flamia / FA3", "flamia / best BF16", "flamia / cuDNN FP8",
+                                                   "prefix / default"]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "|".join(["---"] * len(header)) + "|")
     notes = []
@@ -95,9 +107,15 @@ def markdown(meta, rows, impls):
                     cell += " (!)"
                     notes.append(f"{row['workload']} / {impl}: {r['warning']}")
                 cells.append(cell)
+            elif r["status"].startswith(REFUSED):  # the status is the cell: no time
+                cells.append(r["status"])
+                if r.get("note"):
+                    notes.append(f"{row['workload']} / {impl}: {r['note']}")
             else:
                 cells.append("n/a")
                 notes.append(f"{row['workload']} / {impl}: {r['status']}")
+        fa3 = row.get("ratio_vs_fa3")
+        cells.append(f"{fa3:.2f}" if fa3 else "-")
         best = row.get("ratio_vs_best_bf16")
         cells.append(f"{best:.2f} ({row['best_bf16']})" if best else "-")
         fp8 = row.get("ratio_vs_cudnn_fp8")
