@@ -4,8 +4,9 @@
 
 DESIGN.md section 5: the nine packed causal workloads of bench/workloads.py (T = 65,536 packed
 tokens, Hq = 16, Hkv = 16 or 4 for the GQA row, D = 128, causal, random normal BF16 inputs), each
-implementation timed as the median of --rounds rounds after --warmup rounds, in one process
-(--schedule sequential, the default: each implementation's rounds back to back, then the next one's;
+implementation timed as the median of --rounds rounds after --warmup rounds, each workload in a
+child process of its own (bench/attention/isolate.py: an implementation that crashes its process is
+reported as 'crashed (signal N)' and the run goes on; --no-isolate runs all in one) (--schedule sequential, the default: each implementation's rounds back to back, then the next one's;
 --schedule interleaved: a workload's implementations are set up together and each round times one
 turn of each (its --calls-per-round calls), in an order rotated by one per round, so that all of
 them sample the same stretch of the GPU's clock, which drops by up to ~10% partway through a run of
@@ -15,12 +16,15 @@ that one is timed eager, as the table says):
   flamia          flamia.attention, MXFP8 (quantization of q, k, v (and dO) included)
   flamia-prefix   the same with isolation="prefix" (strict prefix isolation)
   flamia-graph    the flamia call captured once in a CUDA graph and replayed (without --graph)
+  jax-fa3         FlashAttention-3 varlen through JAX (the flash-attn3-jax wheel; on an offline GPU
+                  machine from .carry/, see scripts/prepare_gpu_carry.sh), packed rows with cu_seqlens:
+                  the BF16 baseline to beat
   cudnn-sdpa      cuDNN BF16 SDPA through torch, batched [B, H, L, D] (equal lengths only)
   fa2-varlen      FA2 varlen through torch.nn.attention.varlen.varlen_attn
   flex            FlexAttention (torch.compile) with a document-causal block mask (built once)
   jax-cudnn-bf16  cuDNN BF16 through JAX, packed rows (segment offsets) in one call
   jax-cudnn-fp8   cuDNN FP8 through JAX, per-tensor scales, batched (equal lengths only); its
-                  inputs are E4M3 already (their quantization is not timed)
+                  inputs are E4M3 already (their quantization is not timed); forward only
 
 Each round times --calls-per-round calls (default 4) dispatched back to back, per call: torch
 implementations with CUDA events on the current stream around them, JAX ones with the wall clock up
@@ -44,14 +48,16 @@ their energy per call. --json and --markdown are rewritten after every workload 
 until the run ends), so a run that dies keeps what it finished. Every baseline runs in its own
 try/except: one that cannot run records
 'unsupported: <reason>' and the run goes on. Each output (forward: o; train: dq) is compared with
-flamia's (cosine), so a baseline computing a different mask shows up.
+flamia's (cosine), so a baseline computing a different mask shows up: one below 0.99 is reported as
+'wrong outputs (cos ...)', without a time, and takes no part in the ratios (the columns flamia / FA3,
+flamia / best BF16, flamia / cuDNN FP8).
 
 Usage (repo root, GPU machine, after `pip install --no-build-isolation --no-deps .`, or with
 PYTHONPATH=python FLAMIA_CAPI_LIB=build-gpu/libflamia_capi.so):
   python3 bench/bench_attention.py [--pass train] [--graph] [--workloads 16x4096,longtail]
                                    [--rounds 20] [--warmup 3] [--schedule interleaved]
                                    [--calls-per-round 4] [--impls flamia,fa2-varlen]
-                                   [--json out.json] [--markdown out.md]
+                                   [--json out.json] [--markdown out.md] [--no-isolate]
 """
 
 import argparse
@@ -60,7 +66,6 @@ import os
 import pathlib
 import platform
 import sys
-import time
 
 # Before anything imports JAX: let it allocate on demand next to torch's caching allocator.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -70,10 +75,12 @@ sys.path.insert(0, str(HERE))
 
 import gpu_monitor  # noqa: E402
 import workloads as W  # noqa: E402
-from attention.impls import IMPLS, Case, captured, import_flamia, log, short  # noqa: E402,F401
+from attention.impls import (IMPLS, TRAIN_FLOP_FACTOR, captured, import_flamia, log,  # noqa: E402,F401
+                             short)
 from attention.report import markdown, summarize, write_outputs  # noqa: E402,F401
-from attention.timing import (CALLS_PER_ROUND, Prepared, prime_captures, run_impl,  # noqa: E402,F401
-                              run_interleaved, torch_once)
+from attention.isolate import Progress, child_launcher, run_isolated  # noqa: E402
+from attention.timing import (CALLS_PER_ROUND, Prepared, run_interleaved, run_workload,  # noqa: E402,F401
+                              torch_once)
 
 
 def environment(torch):
@@ -119,7 +126,7 @@ def parse_args(argv):
     p.add_argument("--markdown", metavar="PATH", help="write the table as markdown")
     p.add_argument("--graph", action="store_true",
                    help="time every torch implementation replaying its call from a CUDA graph (DESIGN.md section 5)")
-    p.add_argument("--no-check", action="store_true", help="skip the cosine check against flamia's output")
+    p.add_argument("--no-check", action="store_true", help="skip the cosine check against flamia's output (and the refusal of outputs that fail it)")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failing implementations")
     p.add_argument("--no-gpu-readings", action="store_true",
                    help="do not read the GPU's SM clock during the rounds (NVML; on by default)")
@@ -127,6 +134,13 @@ def parse_args(argv):
                    help="after its timed rounds, run each implementation's calls back to back (untimed) for at "
                         "least this long and report their energy per call from the GPU's energy counter "
                         "(default 0: off; the counter advances every ~100 ms, so 1 s or more)")
+    p.add_argument("--no-isolate", action="store_true",
+                   help="run every workload in this process (by default each runs in a child process of its "
+                        "own, so that an implementation that crashes it is reported and the run goes on)")
+    # A child process: one workload's implementations, its state kept in a JSON file for the parent.
+    p.add_argument("--child-workload", help=argparse.SUPPRESS)
+    p.add_argument("--child-impls", help=argparse.SUPPRESS)
+    p.add_argument("--child-progress", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.gpu_monitor = gpu_monitor.GpuMonitor(None)  # readings off until main opens the device's
     if args.rounds < 1 or args.warmup < 0 or args.calls_per_round < 1 or args.energy_seconds < 0:
@@ -148,70 +162,114 @@ def parse_args(argv):
     return args
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def log_result(impl, r):
+    if r["status"] == "ok":
+        extra = f", cos vs flamia {r['cos_vs_flamia']:.4f}" if "cos_vs_flamia" in r else ""
+        if r.get("gpu"):
+            extra += f", {r['gpu']['sm_mhz']:.0f} MHz"
+            if "joules_per_call" in r["gpu"]:
+                extra += f", {r['gpu']['joules_per_call']:.2f} J/call"
+        log(f"bench:   {impl:15s} {r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s{extra}")
+    else:
+        log(f"bench:   {impl:15s} {r['status']}")
+
+
+def open_device(args):
+    """(torch, flamia, environment) of this process's GPU, the GPU readings opened; None without one."""
     import torch
 
     if not torch.cuda.is_available():
-        log("bench: no CUDA device")
-        return 2
+        return None
     flamia = import_flamia()
     meta = environment(torch)
     if not args.no_gpu_readings:
         args.gpu_monitor = gpu_monitor.open_monitor(torch, log)
     meta["gpu_readings"] = args.gpu_monitor.available
     meta["energy_seconds"] = args.energy_seconds if args.gpu_monitor.available else 0.0
-    meta.update(rounds=args.rounds, warmup=args.warmup, schedule=args.schedule,
-                calls_per_round=args.calls_per_round,
-                **{"pass": args.pass_}, graph=args.graph, seed=args.seed, tokens=W.TOTAL, q_heads=W.Q_HEADS,
-                head_dim=W.HEAD_DIM, implementations={k: IMPLS[k] for k in args.impl_names})
-    log(f"bench: {meta['gpu']} (sm_{meta['capability']}), torch {meta['torch']}, jax {meta['jax']}")
+    return torch, flamia, meta
 
+
+def child_main(args):
+    """--child-workload: one workload's --child-impls, the state kept in --child-progress for the parent."""
+    progress = Progress(args.child_progress)
+    device = open_device(args)
+    if device is None:
+        progress.fatal("no CUDA device")
+        return 2
+    torch, flamia, meta = device
+    progress.set_meta(meta)
+    impls = [i for i in args.child_impls.split(",") if i]
+    run_workload(torch, flamia, args, args.child_workload, impls, progress)
+    return 0
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.child_workload:
+        return child_main(args)
     # flamia first (its output is the reference of the cosine checks), then the others.
     order = [i for i in IMPLS if i in args.impl_names]
-    if not args.no_check and "flamia" not in order:
-        order.insert(0, "flamia")  # computed for the check, reported only if asked for
-    if args.graph:
-        prime_captures(torch, flamia, args, order)
+    meta = {}
+    if args.no_isolate:
+        device = open_device(args)
+        if device is None:
+            log("bench: no CUDA device")
+            return 2
+        torch, flamia, meta = device
     rows = []
     for name in args.workload_names:
-        workload = W.WORKLOADS[name]
-        case = Case(torch, name, workload, args.seed, train=args.pass_ == "train")
-        log(f"bench: {name}: {len(case.lens)} docs, max {case.max_len}, Hkv {case.hkv}, "
-            f"pairs {case.pairs:,}, {case.flops / 1e12:.2f} TFLOP")
-        row = {"workload": name, "docs": len(case.lens), "max_len": case.max_len, "pairs": case.pairs,
-               "q_heads": case.hq, "kv_heads": case.hkv, "head_dim": case.d, "flops": case.flops, "impls": {}}
-        if args.schedule == "interleaved":
-            results = run_interleaved(torch, flamia, case, order, args)
+        if args.no_isolate:
+            row = run_workload(torch, flamia, args, name, order)
         else:
-            results = {}
-            for impl in order:
-                t0 = time.perf_counter()
-                results[impl] = run_impl(torch, flamia, case, impl, args)
-                log(f"bench:   {impl:15s} done ({time.perf_counter() - t0:.1f} s)")
-        for impl, r in results.items():
-            if impl in args.impl_names:
-                row["impls"][impl] = r
-            if r["status"] == "ok":
-                extra = f", cos vs flamia {r['cos_vs_flamia']:.4f}" if "cos_vs_flamia" in r else ""
-                if r.get("gpu"):
-                    extra += f", {r['gpu']['sm_mhz']:.0f} MHz"
-                    if "joules_per_call" in r["gpu"]:
-                        extra += f", {r['gpu']['joules_per_call']:.2f} J/call"
-                log(f"bench:   {impl:15s} {r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s{extra}")
-            else:
-                log(f"bench:   {impl:15s} {r['status']}")
+            log(f"bench: {name}: in a process of its own")
+            launch = child_launcher(pathlib.Path(__file__).resolve(), argv, name)
+            results, child_meta, fatal = run_isolated(order, launch, log)
+            if fatal:
+                log(f"bench: {fatal}")
+                return 2
+            meta = meta or child_meta or {}
+            row = workload_row(name, results, args.pass_ == "train")
+        for impl, r in row["impls"].items():
+            log_result(impl, r)
         summarize(row)
         rows.append(row)
+        if len(rows) == 1:
+            meta = run_meta(args, meta)
+            log(f"bench: {meta.get('gpu')} (sm_{meta.get('capability')}), torch {meta.get('torch')}, "
+                f"jax {meta.get('jax')}")
         if len(rows) < len(args.workload_names):
             write_outputs(args, meta, rows, complete=False)
-        del case
-        torch.cuda.empty_cache()
 
-    table = write_outputs(args, meta, rows, complete=True)
+    table = write_outputs(args, run_meta(args, meta), rows, complete=True)
     print(table)
     return 0
 
+
+def workload_row(name, results, train):
+    """A row of the report for results that came back from a child (the workload's shape from
+    workloads.py: the parent has no inputs of its own)."""
+    workload = W.WORKLOADS[name]
+    lens = workload["lens"]
+    flops = W.forward_flops(lens) * (TRAIN_FLOP_FACTOR if train else 1.0)
+    return {"workload": name, "docs": len(lens), "max_len": max(lens), "pairs": W.pairs(lens),
+            "q_heads": W.Q_HEADS, "kv_heads": W.kv_heads(workload), "head_dim": W.HEAD_DIM, "flops": flops,
+            "impls": dict(results)}
+
+
+def run_meta(args, meta):
+    """The report's header: the environment a child (or this process) found and the run's settings."""
+    meta = {**DEFAULT_META, **(meta or {})}
+    meta.update(rounds=args.rounds, warmup=args.warmup, schedule=args.schedule,
+                calls_per_round=args.calls_per_round, isolated=not args.no_isolate,
+                **{"pass": args.pass_}, graph=args.graph, seed=args.seed, tokens=W.TOTAL, q_heads=W.Q_HEADS,
+                head_dim=W.HEAD_DIM, implementations={k: IMPLS[k] for k in args.impl_names})
+    return meta
+
+
+# What the header says when no child reported its environment (every child crashed at its start).
+DEFAULT_META = {"gpu": "unknown GPU", "torch": "n/a", "jax": "n/a", "cudnn_torch": "n/a", "date": "n/a",
+                "gpu_readings": False, "energy_seconds": 0.0}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,9 +8,13 @@ import time
 import traceback
 
 import gpu_monitor
-from attention.impls import (COSINE_WARN, FLAMIA_IMPLS, JAX_SETUPS, TORCH_SETUPS, Case, Unsupported,
+from attention.impls import (COSINE_MIN, FLAMIA_IMPLS, JAX_SETUPS, REFERENCE_IMPL, TORCH_SETUPS, Case,
+                             Unsupported,
                              captured, jax_training_call, log, short, training_call)
+from attention.isolate import Progress
 import workloads as W
+
+NO_PROGRESS = Progress(None)
 
 def torch_once(torch, fn, calls):
     """once(during=None) -> (ms, out): `calls` fn() calls dispatched back to back, timed with CUDA
@@ -68,7 +72,7 @@ def peak_memory_mib(torch, fn):
 PRIMER_LENS = [W.TOTAL // 32] * 32
 
 
-def prime_captures(torch, flamia, args, impls):
+def prime_captures(torch, flamia, args, impls, progress=NO_PROGRESS):
     """--graph: one untimed capture of each torch implementation on PRIMER_LENS first. On the H200
     (torch 2.11) cuDNN SDPA's first training-call capture in a process fails, and so does every later
     capture of that shape, while other shapes then capture; the primer takes that failure."""
@@ -76,8 +80,10 @@ def prime_captures(torch, flamia, args, impls):
     quiet = argparse.Namespace(**{**vars(args), "rounds": 1, "warmup": 0, "no_check": True, "energy_seconds": 0.0})
     for impl in impls:
         if impl in TORCH_SETUPS:
+            progress.start(impl, "capture primer")
             r = run_impl(torch, flamia, case, impl, quiet)
             log(f"bench: primer {impl}: {'captured' if r.get('graph') else r.get('note') or r['status']}")
+    progress.idle()
     del case
     torch.cuda.empty_cache()
 
@@ -174,8 +180,8 @@ def prepare(torch, flamia, case, impl, args):
 
 
 def finish(torch, case, prepared, args):
-    """The result of a prepared implementation's timed calls: median, TFLOP/s, the cosine check of its
-    last output against flamia's (flamia's own output becomes the reference)."""
+    """The result of a prepared implementation's timed calls: median, TFLOP/s, and the cosine check of
+    its last output against the reference's (check_output)."""
     result = prepared.result
     ms = statistics.median(prepared.times)
     result.update(ms=ms, tflops=case.flops / (ms * 1e-3) / 1e12, times_ms=[round(t, 4) for t in prepared.times])
@@ -185,15 +191,41 @@ def finish(torch, case, prepared, args):
     if not args.no_check:
         try:
             packed = prepared.to_packed(prepared.out)
-            if prepared.impl == "flamia":
-                case.reference_o = packed.clone()
-            elif case.reference_o is not None:
-                result["cos_vs_flamia"] = cosine(torch, packed, case.reference_o)
-                if result["cos_vs_flamia"] < COSINE_WARN:
-                    result["warning"] = f"output differs from flamia's (cosine {result['cos_vs_flamia']:.4f})"
         except Exception as exc:
-            result["check_error"] = short(exc)
+            packed = exc
+        check_output(torch, case, prepared.impl, packed, result)
     prepared.out = None
+    return result
+
+
+def check_output(torch, case, impl, packed, result):
+    """The cosine check of one implementation's output (o, or dq when training; an exception when it
+    could not be read back) against the reference: flamia's, or while flamia has none, the first
+    output that was read back. An output that fails it, or that cannot be checked, is refused: its
+    status says so and its time moves to refused_ms / refused_tflops, out of the table and the ratios."""
+    if isinstance(packed, Exception):
+        return refuse(result, f"wrong outputs (unreadable: {short(packed, 120)})")
+    if case.reference_o is None or (impl == REFERENCE_IMPL and case.reference_impl != REFERENCE_IMPL):
+        case.reference_o, case.reference_impl = packed.clone(), impl
+        if impl != REFERENCE_IMPL:
+            result["reference"] = True  # the others' reference (flamia's output is missing)
+        return result
+    cos = cosine(torch, packed, case.reference_o)
+    result["cos"], result["cos_reference"] = cos, case.reference_impl
+    if case.reference_impl == REFERENCE_IMPL:
+        result["cos_vs_flamia"] = cos
+    if not cos >= COSINE_MIN:  # (NaN fails too)
+        refuse(result, f"wrong outputs (cos {cos:.4f})")
+        result["note"] = f"its output's cosine to {case.reference_impl}'s is {cos:.4f} (below {COSINE_MIN})"
+    return result
+
+
+def refuse(result, status):
+    """Marks an implementation's result as not reportable: no time in the table or the ratios."""
+    result["status"] = status
+    for key in ("ms", "tflops"):
+        if key in result:
+            result[f"refused_{key}"] = result.pop(key)
     return result
 
 
@@ -215,7 +247,7 @@ def run_impl(torch, flamia, case, impl, args):
         torch.cuda.empty_cache()
 
 
-def run_interleaved(torch, flamia, case, order, args):
+def run_interleaved(torch, flamia, case, order, args, progress=NO_PROGRESS):
     """Every implementation of `order` on one workload, set up together and timed in turns: round r
     times one turn of each (its once(): --calls-per-round calls), starting at the r-th, so all of
     them sample the same stretch of the GPU's clock (it drops by up to ~10% partway through a run of
@@ -223,6 +255,7 @@ def run_interleaved(torch, flamia, case, order, args):
     results, prepared = {}, {}
     for impl in order:
         t0 = time.perf_counter()
+        progress.start(impl, "setup")
         p = prepare(torch, flamia, case, impl, args)
         if isinstance(p, dict):
             results[impl] = p
@@ -233,6 +266,7 @@ def run_interleaved(torch, flamia, case, order, args):
         active = list(prepared)
         k = r % len(active) if active else 0
         for impl in active[k:] + active[:k]:
+            progress.start(impl)
             try:
                 prepared[impl].step()
             except Exception as exc:  # (a CUDA error is sticky: the first one logged names the culprit)
@@ -241,6 +275,7 @@ def run_interleaved(torch, flamia, case, order, args):
                 del prepared[impl]
     for impl in order:  # flamia first: its output is the others' reference
         if impl in prepared:
+            progress.start(impl, "energy and output check")
             try:
                 prepared[impl].measure_energy(args.energy_seconds)
             except Exception as exc:
@@ -248,8 +283,52 @@ def run_interleaved(torch, flamia, case, order, args):
                 del prepared[impl]
                 continue
             results[impl] = finish(torch, case, prepared.pop(impl), args)
+    for impl in order:
+        progress.finish(impl, results[impl])
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     return {impl: results[impl] for impl in order}
 
 
+
+
+def run_sequential(order, run_one, progress=NO_PROGRESS):
+    """--schedule sequential: run_one(impl) (a result dict) for each implementation in turn, each
+    marked running in `progress` while it runs. {impl: result}."""
+    results = {}
+    for impl in order:
+        progress.start(impl)
+        t0 = time.perf_counter()
+        results[impl] = run_one(impl)
+        progress.finish(impl, results[impl])
+        log(f"bench:   {impl:15s} done ({time.perf_counter() - t0:.1f} s)")
+    return results
+
+
+def run_workload(torch, flamia, args, name, impls, progress=NO_PROGRESS):
+    """One workload's row: `impls` (flamia first when there) set up on its inputs and timed by
+    args.schedule. With the cosine check on and flamia not among them, flamia's output is computed
+    first (one untimed round) as the reference. The row dict, its "impls" those of `impls`."""
+    workload = W.WORKLOADS[name]
+    train = args.pass_ == "train"
+    if args.graph:
+        prime_captures(torch, flamia, args, impls, progress)
+    case = Case(torch, name, workload, args.seed, train=train)
+    log(f"bench: {name}: {len(case.lens)} docs, max {case.max_len}, Hkv {case.hkv}, "
+        f"pairs {case.pairs:,}, {case.flops / 1e12:.2f} TFLOP")
+    row = {"workload": name, "docs": len(case.lens), "max_len": case.max_len, "pairs": case.pairs,
+           "q_heads": case.hq, "kv_heads": case.hkv, "head_dim": case.d, "flops": case.flops, "impls": {}}
+    if not args.no_check and REFERENCE_IMPL not in impls:
+        quiet = argparse.Namespace(**{**vars(args), "rounds": 1, "warmup": 0, "energy_seconds": 0.0})
+        progress.start(REFERENCE_IMPL, "reference output")
+        reference = run_impl(torch, flamia, case, REFERENCE_IMPL, quiet)
+        progress.idle()
+        log(f"bench:   {REFERENCE_IMPL} (reference output only): {reference['status']}")
+    if args.schedule == "interleaved":
+        results = run_interleaved(torch, flamia, case, list(impls), args, progress)
+    else:
+        results = run_sequential(impls, lambda impl: run_impl(torch, flamia, case, impl, args), progress)
+    row["impls"] = {impl: results[impl] for impl in impls}
+    case = None  # the inputs, before the next workload's
+    torch.cuda.empty_cache()
+    return row
