@@ -78,7 +78,7 @@ GENERATOR=()
 command -v ninja >/dev/null && GENERATOR=(-G Ninja)
 
 # The GPU machine is offline and may lack GoogleTest: build it from a carried copy of Debian's
-# sources when one is there (scripts/prepare_gpu_carry.sh puts it in .carry/, name it in carry).
+# sources when one is there (scripts/prepare_gpu_carry.sh puts it in .carry/).
 GTEST_ARGS=()
 [ -d .carry/googletest ] && GTEST_ARGS=(-DFLAMIA_GTEST_SOURCE_DIR="$PWD/.carry/googletest")
 
@@ -130,6 +130,15 @@ if [ "$RUN_BENCH" -eq 1 ]; then
       --markdown "$BENCH_DIR/numerics_gpu.md"
   else
     skip_step "numerics_gpu" "pip install failed"
+  fi
+  # FlashAttention-3 for JAX (jax-fa3): the GPU machine is offline, so from the wheels
+  # scripts/prepare_gpu_carry.sh put in .carry/wheels/, pinned in bench/requirements-gpu-bench.txt,
+  # into .carry/site, where the bench looks for them. Without them jax-fa3 reports 'unsupported'.
+  if ls .carry/wheels/*.whl >/dev/null 2>&1; then
+    run_step "bench wheels" "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps --no-index \
+      --upgrade --target .carry/site --find-links .carry/wheels -r bench/requirements-gpu-bench.txt
+  else
+    echo "gpu_check: no .carry/wheels/ (scripts/prepare_gpu_carry.sh, where there is a network): jax-fa3 only if installed"
   fi
   for pass in forward train; do
     if [ "$install_ok" -eq 1 ]; then

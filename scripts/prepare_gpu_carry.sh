@@ -1,9 +1,21 @@
 #!/usr/bin/env bash
-# Copies what the offline GPU machine lacks into .carry/ (git-ignored): GoogleTest's sources from
-# Debian's googletest package. Name ".carry" in the device tool's carry list, then run
-# scripts/gpu_check.sh there.
+# Copies what an offline GPU machine lacks into .carry/ (git-ignored), to be copied there with the
+# working tree: GoogleTest's sources from Debian's googletest package, and the wheels of
+# bench/requirements-gpu-bench.txt (FlashAttention-3 for JAX) in .carry/wheels/. Then run
+# scripts/gpu_check.sh there (with --bench it installs the wheels into .carry/site).
+#
+# Environment: GPU_PYTHON_VERSION (default 3.12, the GPU machine's Python), PYTHON (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+GPU_PYTHON_VERSION=${GPU_PYTHON_VERSION:-3.12}
 [ -d /usr/src/googletest ] || { apt-get update -qq && apt-get install -y -qq googletest=1.12.1-0.2; }
 rm -rf .carry/googletest && mkdir -p .carry && cp -r /usr/src/googletest .carry/googletest
+# The wheels for the GPU machine's Python and platform, not this one's (flash-attn3-jax ships
+# compiled kernels per CPython version).
+rm -rf .carry/wheels && mkdir -p .carry/wheels
+"$PYTHON" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+  --python-version "$GPU_PYTHON_VERSION" --platform manylinux_2_28_x86_64 --implementation cp \
+  -d .carry/wheels -r bench/requirements-gpu-bench.txt
+ls .carry/wheels
 echo "prepared .carry/ ($(du -sh .carry | cut -f1))"

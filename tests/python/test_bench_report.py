@@ -13,6 +13,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
 import bench_attention  # noqa: E402
+from attention import timing  # noqa: E402
 
 META = {"pass": "train", "gpu": "H200", "torch": "t", "jax": "j", "cudnn_torch": 1, "date": "d", "rounds": 5,
         "warmup": 2}
@@ -84,7 +85,7 @@ def test_interleaved_schedule_times_each_implementation_once_per_round_in_rotate
 
         return bench_attention.Prepared(impl, once, lambda out: out, {"status": "ok"})
 
-    monkeypatch.setattr(bench_attention, "prepare", fake_prepare)
+    monkeypatch.setattr(timing, "prepare", fake_prepare)
     assert bench_attention.parse_args([]).schedule == "sequential"  # the default
     args = bench_attention.parse_args(["--rounds", "3", "--no-check", "--schedule", "interleaved"])
     case = type("Case", (), {"flops": 1e12})()
