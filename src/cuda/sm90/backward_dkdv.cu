@@ -71,12 +71,12 @@ struct DkdvSchedule {
 };
 
 // Per-query constants of a tile: {2^eq_i, 2^eg_i, 2^(boost + eg_i - gamma), -LSE_i log2(e)}, D_i,
-// and with FP16 dQ partials {2^(-eq_i - sigma_i), 2^(sigma_i + beta_i)} (the U~ fold from the dK
-// operand, the partial's factor).
+// and with FP16 dQ partials 2^(-eq_i - sigma_i) (U~'s fold from the dK operand; a lane's two
+// queries 2t, 2t + 1 side by side for one 8-byte load) and 2^(sigma_i + beta_i) (the partial's factor).
 struct QueryTileConsts {
   float4 c[kQueryTile];
   float delta[kQueryTile];
-  float2 dq[kQueryTile];
+  float dq_fold[kQueryTile], dq_out[kQueryTile];
 };
 
 // One query tile's operands (1024-byte aligned for the 128-byte swizzle of the rows-form tiles).
@@ -256,9 +256,8 @@ __device__ __forceinline__ void store_query_consts(const QueryInputs& in, int ga
     if (kDqPartials) {
       const bool nan = formats::ue8m0_is_nan(in.q_scale[j]) || formats::ue8m0_is_nan(in.dq_sigma[j]);
       const int sigma = scale_exponent(in.dq_sigma[j]);
-      c.dq[j * 32 + lane] =
-          make_float2(nan ? pow2i(kNaNExponent) : clamped_pow2(-scale_exponent(in.q_scale[j]) - sigma),
-                      pow2i(add_exponents(sigma, in.dq_beta[j])));
+      c.dq_fold[j * 32 + lane] = nan ? pow2i(kNaNExponent) : clamped_pow2(-scale_exponent(in.q_scale[j]) - sigma);
+      c.dq_out[j * 32 + lane] = pow2i(add_exponents(sigma, in.dq_beta[j]));
     }
   }
 }
@@ -580,9 +579,6 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
   for (int r = 0; r < 2; ++r) q_first[r] = keys[r] >= d.len ? d.len : p.causal ? keys[r] : 0;
   static_assert(!kDqPartials || (D == kConsumers * kDqFeatures && !kInteriorCodes && kKeyBuffers == 1),
                 "FP16 dQ partials: D = 128, document isolation, the grid schedule");
-  float k_pow[2] = {};  // 2^ek_j: U~'s fold for dQ
-  if (kDqPartials)
-    for (int r = 0; r < 2; ++r) k_pow[r] = pow2_of_scale(sm.info[b].k_scale[block_keys[r]]);
 
   float dk_acc[D / 2], dv_acc[D / 2];
   zero(dk_acc);
@@ -630,15 +626,19 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
     pack_a_operand_scaled<kQueryTile>(e, tau.inv, ua);
     if constexpr (kDqPartials) {
       // U~ = E4M3((U 2^eq) 2^ek_j 2^(-eq_i - sigma_i)), 0 on invisible pairs (the select also keeps a
-      // NaN scale of a key or row the pair never sees out), into the step's U~ tile.
+      // NaN scale of a key or row the pair never sees out), into the step's U~ tile. (Stored after
+      // the products below are issued instead, it held more registers through them: 3% slower.)
       uint32_t u_words[kQueryTile / 8];
+      float k_pow[2];  // 2^ek_j, read again at each step rather than held in registers through the loop
+      for (int r = 0; r < 2; ++r) k_pow[r] = pow2_of_scale(sm.info[b].k_scale[block_keys[r]]);
 #pragma unroll
       for (int n = 0; n < kQueryTile / 8; ++n) {
+        const float2 fold = *reinterpret_cast<const float2*>(st.consts.dq_fold + 8 * n + 2 * t);
         float x[4];
 #pragma unroll
         for (int el = 0; el < 4; ++el) {
           const int r = el >> 1, i = 8 * n + 2 * t + (el & 1);
-          x[el] = e[4 * n + el] * k_pow[r] * st.consts.dq[i].x;
+          x[el] = e[4 * n + el] * k_pow[r] * ((el & 1) ? fold.y : fold.x);
           if (!interior) x[el] = visible(q0 + i, q_first[r], d.len) ? x[el] : 0.f;
         }
         u_words[n] = pack_e4m3x4(x[0], x[1], x[2], x[3]);
@@ -671,7 +671,7 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
       float row_factor[2];
       for (int r = 0; r < 2; ++r) {
         const int row = 16 * warp_in_group + g + 8 * r;
-        row_factor[r] = q0 + row < d.len ? st.consts.dq[row].y : 0.f;
+        row_factor[r] = q0 + row < d.len ? st.consts.dq_out[row] : 0.f;
       }
       if (lane == 0) sm.ring.arrive_empty(use);  // this warp is done with the step's tiles
       float dq_tile[kDqFeatures / 2];
