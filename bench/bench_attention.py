@@ -15,6 +15,8 @@ that one is timed eager, as the table says):
 
   flamia          flamia.attention, MXFP8 (quantization of q, k, v (and dO) included)
   flamia-prefix   the same with isolation="prefix" (strict prefix isolation)
+  flamia-deterministic  the same with deterministic=True (dQ in a pass of its own, bitwise repeatable;
+                  the default reduces dQ from FP16 partials where they apply, docs/KERNELS.md)
   flamia-graph    the flamia call captured once in a CUDA graph and replayed (without --graph)
   jax-fa3         FlashAttention-3 varlen through JAX (the flash-attn3-jax wheel; on an offline GPU
                   machine from .carry/, see scripts/prepare_gpu_carry.sh), packed rows with cu_seqlens:

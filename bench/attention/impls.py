@@ -18,6 +18,7 @@ REPO = HERE.parents[1]
 IMPLS = {
     "flamia": "flamia MXFP8 (incl. quantization)",
     "flamia-prefix": "flamia MXFP8, isolation=prefix",
+    "flamia-deterministic": "flamia MXFP8, deterministic=True (dQ pass of its own)",
     "flamia-graph": "flamia MXFP8, CUDA graph replay",
     "jax-fa3": "FlashAttention-3 varlen (JAX, flash-attn3-jax)",
     "cudnn-sdpa": "cuDNN BF16 SDPA (torch, batched; equal lengths)",
@@ -26,7 +27,7 @@ IMPLS = {
     "jax-cudnn-bf16": "cuDNN BF16 (JAX, packed segment offsets)",
     "jax-cudnn-fp8": "cuDNN FP8 (JAX, per-tensor scales; equal lengths)",
 }
-FLAMIA_IMPLS = ("flamia", "flamia-prefix", "flamia-graph")
+FLAMIA_IMPLS = ("flamia", "flamia-prefix", "flamia-deterministic", "flamia-graph")
 BF16_BASELINES = ("jax-fa3", "cudnn-sdpa", "fa2-varlen", "flex", "jax-cudnn-bf16")
 FA3_BASELINE = "jax-fa3"  # the BF16 baseline to beat
 FP8_BASELINE = "jax-cudnn-fp8"
@@ -117,6 +118,10 @@ def setup_flamia(torch, flamia, case, **kwargs):
 
 def setup_flamia_prefix(torch, flamia, case):
     return setup_flamia(torch, flamia, case, isolation="prefix")
+
+
+def setup_flamia_deterministic(torch, flamia, case):
+    return setup_flamia(torch, flamia, case, deterministic=True)
 
 
 def captured(torch, call, warmup=2):
@@ -436,6 +441,7 @@ def jax_training_call(torch, case, jf, args):
 TORCH_SETUPS = {
     "flamia": setup_flamia,
     "flamia-prefix": setup_flamia_prefix,
+    "flamia-deterministic": setup_flamia_deterministic,
     "flamia-graph": setup_flamia_graph,
     "cudnn-sdpa": setup_cudnn_sdpa,
     "fa2-varlen": setup_fa2_varlen,

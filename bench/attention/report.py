@@ -36,6 +36,8 @@ def summarize(row):
     row["ratio_vs_cudnn_fp8"] = flamia_tf / fp8_tf if flamia_tf and fp8_tf else None
     prefix_tf = tflops("flamia-prefix")
     row["prefix_time_ratio"] = flamia_tf / prefix_tf if flamia_tf and prefix_tf else None  # prefix ms / default ms
+    det_tf = tflops("flamia-deterministic")  # deterministic ms / default ms
+    row["deterministic_time_ratio"] = flamia_tf / det_tf if flamia_tf and det_tf else None
 
     def joules(name):
         r = impls.get(name, {})
