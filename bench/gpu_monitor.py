@@ -2,8 +2,8 @@
 
 Why: on the H200 the clock an implementation runs at decides several of the benchmark's ratios.
 Back to back, a heavy call's power brings the SM clock down partway through its rounds, and
-implementations that draw different power end up at different clocks (session 38, the forward at
-1x65536: flamia at 1875 MHz, cuDNN FP8 at 1770, cuDNN BF16 SDPA at 1665). So the bench records,
+implementations that draw different power end up at different clocks (the forward at 1x65536:
+flamia at 1875 MHz, cuDNN FP8 at 1770, cuDNN BF16 SDPA at 1665). So the bench records,
 for every implementation and workload, the clock its rounds ran at and how often the driver had
 the power cap holding it down.
 
@@ -20,11 +20,10 @@ these readings and says so. Nothing here changes a setting of the GPU: it only r
 
 The clock is read once a round, by the timing thread itself, after the round's calls are
 dispatched and before it waits for them: the GPU is running them then, and the read (~5 us) is
-off the GPU's critical path, as the calls are already queued. A sampling thread instead (session
-38, device call 1) made JAX's host-timed calls 3-6% slower through the GIL; reads after a round
-instead see the clock rise again as soon as the GPU idles. Energy comes from the GPU's energy
-counter, which the H200's driver advances about every 100 ms (device call 1: 11 steps in a second
-of matrix products), so a round of a few milliseconds cannot be measured by it; energy_window()
+off the GPU's critical path, as the calls are already queued. A sampling thread instead made
+JAX's host-timed calls 3-6% slower through the GIL; reads after a round instead see the clock
+rise again as soon as the GPU idles. Energy comes from the GPU's energy counter, which the H200's
+driver advances about every 100 ms (11 steps in a second of matrix products), so a round of a few milliseconds cannot be measured by it; energy_window()
 runs calls back to back long enough for the counter's step to be a small error (one step in ten
 over a second).
 """

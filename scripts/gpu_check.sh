@@ -7,8 +7,8 @@
 #
 # The tests take ~5 minutes on an H200 (build; `ctest -L gpu -j8`, ~90 s, most of it the CPU
 # emulation the GPU results are compared with; pip install; pytest) and the benchmarks ~8 (each
-# round times 4 calls since session 35): where one call is limited to 10 minutes, run the tests in
-# one call and `--bench --no-tests` (build, install, benchmarks only) in the next. --no-install uses the
+# round times 4 calls): where a job is limited to 10 minutes, run the tests in one job and
+# `--bench --no-tests` (build, install, benchmarks only) in the next. --no-install uses the
 # flamia package already installed (for example while another job on the machine imports it).
 #
 # Every step runs even when an earlier one failed (except where it needs the earlier one's

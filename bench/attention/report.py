@@ -52,8 +52,8 @@ def markdown(meta, rows, impls):
     train = meta["pass"] == "train"
     flops = ("3.5 * 4 * D * pairs * Hq: forward + backward, the backward counted as 2.5 forwards" if train
              else "4 * D * pairs * Hq")
-    # How a round was timed: since session 35 every implementation's round is calls_per_round calls
-    # back to back; session 34's runs did that for JAX alone (jax_calls), the runs before not at all.
+    # How a round was timed: a run that records calls_per_round timed every implementation's round as
+    # that many calls back to back; an older one recorded jax_calls (JAX alone back to back) or neither.
     calls = meta.get("calls_per_round")
     if calls is not None:
         timing = (f"; each round times {calls} calls dispatched back to back, per call" if calls > 1
@@ -189,9 +189,9 @@ def gpu_readings_table(meta, rows, impls):
 
 def write_outputs(args, meta, rows, complete):
     """Writes --json and --markdown with the rows so far and returns the table. main calls it after
-    every workload (complete=False), so a run that dies partway (session 38: a training-call run's
-    process crashed in its fifth workload) keeps the workloads it finished, and the files say they
-    are partial; then once more at the end."""
+    every workload (complete=False), so a run that dies partway (a training-call run's process has
+    crashed in its fifth workload) keeps the workloads it finished, and the files say they are
+    partial; then once more at the end."""
     meta = {**meta, "complete": complete}
     impls = [i for i in IMPLS if i in args.impl_names]
     table = markdown(meta, rows, impls)

@@ -35,9 +35,9 @@ def torch_once(torch, fn, calls):
 
 
 # One call per round (--calls-per-round 1) puts the host's wake-up after block_until_ready in a JAX
-# call's number (session 34: JAX's cuDNN BF16 forward on 8192+224x256 measured 0.97 ms a call that way,
-# 0.74 back to back); a graph replay measured the same either way (session 35: flamia's tiny-unaligned
-# forward 0.771 ms one a round, 0.772 four). Every implementation is timed alike.
+# call's number (JAX's cuDNN BF16 forward on 8192+224x256 measured 0.97 ms a call that way, 0.74 back
+# to back); a graph replay measured the same either way (flamia's tiny-unaligned forward 0.771 ms one
+# a round, 0.772 four). Every implementation is timed alike.
 CALLS_PER_ROUND = 4
 
 

@@ -9,7 +9,7 @@ the package version, the SHA-256 of the source tarball and of every output.
 Outputs in --out: train.bin / val.bin (the documents' bytes, concatenated), train_offsets.bin /
 val_offsets.bin (int64 little-endian document start offsets plus the end), manifest.json.
 
-Run it on a machine that reaches Debian's packages (the GPU machine does not; carry --out there):
+Run it on a machine that reaches Debian's packages (the GPU machine does not; copy --out there):
     python3 examples/leak_experiment/corpus.py --out .carry/corpus
 """
 import argparse

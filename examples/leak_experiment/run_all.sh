@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole leak experiment on one GPU machine: every configuration x every seed, then the report.
 # Resumable: a run that finished is skipped, one that stopped (time limit, --max-steps-this-call)
-# continues from its checkpoint, so the experiment can be split over several GPU calls by running
-# this script again with the same RUNS folder (carry it back and forth, or keep it on the machine).
+# continues from its checkpoint, so the experiment can be split over several GPU jobs by running
+# this script again with the same RUNS folder (copy it back and forth, or keep it on the machine).
 #
 #   DATA=.carry/corpus RUNS=runs SEEDS="0 1" STEPS=1200 BUDGET_S=540 bash examples/leak_experiment/run_all.sh
 #

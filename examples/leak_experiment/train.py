@@ -6,7 +6,7 @@ checkpoint's validation loss twice: through its own attention and through exact 
 The model, the data order and the initialisation depend only on --seed, so runs of different
 configurations with one seed see the same batches from the same starting weights. A run is
 resumable: each evaluation writes <out>/checkpoint.pt (model, optimizer, schedule, data position,
-RNG), and --max-steps-this-call stops early so a long run can be split over several GPU calls.
+RNG), and --max-steps-this-call stops early so a long run can be split over several GPU jobs.
 
 Outputs in --out: metrics.jsonl (one JSON object per logged step or evaluation), checkpoint.pt,
 run.json (the arguments and the final numbers).

@@ -285,7 +285,7 @@ __device__ __forceinline__ void masked_pu(const float (&s)[kQueryTile / 2], floa
         const int x = (kk * 4 + b) * 4 + el;
         const int r = el >> 1, i = (kk * 4 + b) * 8 + 2 * t + (el & 1);
         // Computed on every pair, an invisible pair's values then dropped by the selects (a branch
-        // per element had cost dK dV 9% on tiny-unaligned, session 16).
+        // per element had cost dK dV 9% on tiny-unaligned).
         const bool pair_visible = visible(q0 + i, q_first[r], len);
         const float4 c = qc.c[i];  // q_pow, g_pow, p_fold, -lse2
         const float pij = exp2f(s[x] * k_factor[r] * c.x + c.w);
@@ -443,7 +443,7 @@ __device__ __forceinline__ void produce_steps(const DkdvArgs& args, const DkdvWo
 // the costliest causal, first). The persistent schedule takes them in the work order of
 // core/work_order.h (the entries before the idle ones x KV heads, head-major: each head's
 // costliest key tiles over all documents first): on the short documents that run it (8192+224x256:
-// dK dV -5%, H200, session 24). The grid schedule keeps the slot order: there the work order made
+// dK dV -5%, H200). The grid schedule keeps the slot order: there the work order made
 // the equal-length rows 2.5-4% slower (16x4096, 8x8192), with 16 documents' Q and dO in flight at
 // once where the slot order has a few.
 static_assert(kKeyRows == order::kWorkTile, "an item's keys are one tile of the work order");
@@ -585,10 +585,10 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
   zero(dv_acc);
   // The step's query tile: by cursor in the grid kernel (the division per step was ~4% of its
   // time at 16x4096), by division in the persistent one (at 232 registers it measured 5% slower
-  // on tiny-unaligned carrying the cursor from step to step; session 17).
+  // on tiny-unaligned carrying the cursor from step to step).
   constexpr bool kPersistent = kKeyBuffers == DkdvSchedule<true>::kKeyBuffers;
   // With kTurns, S^T and E^T of a step are issued in a turn (tma.cuh; a turn around dV's and dK's
-  // products as well measured 0.3-6% slower, session 20).
+  // products as well measured 0.3-6% slower).
   QuerySteps::Cursor at = w.steps.first();
   for (int step = 0; step < w.tiles; ++step, at = w.steps.next(at)) {
     const int q0 = kPersistent ? w.steps.at(step).q0 : at.q0, use = step_uses + step;

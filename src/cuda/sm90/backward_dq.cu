@@ -57,7 +57,7 @@ constexpr int kConsumerWarps = 4 * kConsumers;
 // (core/operand_layout.h: the order of the P operand's registers): accumulator lane (g, t) holds keys
 // 2t, 2t + 1 of every n8 block, and those of blocks 2b and 2b + 1 sit side by side, so the per-key
 // interior path fetches a lane's four factors with one 16-byte load (in key order it took an 8-byte
-// load per n8 block and array, and dQ was 2-3% slower in prefix isolation, session 21; the forward,
+// load per n8 block and array, and dQ was 2-3% slower in prefix isolation; the forward,
 // whose per-key path uses each array in another phase, was 1.5-2% slower with 16-byte loads). The
 // grouped path reads the factor of key 32g, which stays at slot 32g.
 // {.x, .y}: keys 2t, 2t + 1 of n8 block 2 b2; {.z, .w}: the same of block 2 b2 + 1.
@@ -298,7 +298,7 @@ __device__ __forceinline__ void store_row_constants(const BackwardParams& p, con
 // constants into row buffer n % 2 with its Q and dO rows; the tile streamers (warps 0 and 2) stream
 // the published item's key tiles. Apart, finding the next item and loading its constants (dependent
 // global loads) overlap the key tiles (one warp did both: on short documents the consumers waited
-// for it, 35% of dQ's stall samples on tiny-unaligned, session 15).
+// for it, 35% of dQ's stall samples on tiny-unaligned).
 constexpr int kProducerWarps = kStreamerRoleWarps;
 template <int D, bool kInteriorCodes>
 __device__ __forceinline__ void produce(const DqArgs& args, DqShared<D>& sm) {

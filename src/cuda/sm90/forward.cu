@@ -87,7 +87,7 @@ using TileScaleBytes = LaneScaleBytes<kKeyTile>;
 // product of two powers of two, exactly pow2i(ev_j - c) (the kernels do not flush subnormals: a product
 // down to 2^-149 is exact, below it rounds to 0 like pow2i; above 2^127 it is inf; NaN stays NaN; a
 // build with -ftz would break this).
-// (pow2i's compare chain per key cost the forward ~1% on long documents, session 18: the producer's
+// (pow2i's compare chain per key cost the forward ~1% on long documents: the producer's
 // instructions share an SM sub-partition's issue slots with two consumer warps.)
 template <int D, int kFirst, int kCount>
 __device__ __forceinline__ void store_lane_scales(const TileScaleBytes& b, const CtaWork& w, float inv_c, int k0,
@@ -229,7 +229,7 @@ __device__ __forceinline__ void store_row_constants(const ForwardParams& p, cons
 // bytes into Q buffer n % 2 with its Q tile; the tile streamers (warps 0 and 2) stream the published
 // item's key tiles. Apart, finding the next item (the document search) and loading its row bytes
 // (dependent global loads) overlap the key tiles: with one warp doing both, the consumers waited at
-// the start of an item (3.2% of the forward's stall samples at 16x4096, session 16). No more items:
+// the start of an item (3.2% of the forward's stall samples at 16x4096). No more items:
 // an item of 0 tiles ends the consumers.
 constexpr int kProducerWarps = kStreamerRoleWarps;
 template <int D, bool kInteriorCodes>
@@ -271,7 +271,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   const ConsumerThread me = consumer_thread();
   const int lane = me.lane;
   // kLeanSteps: tiles i >= 1 take interior_softmax alone (tile_softmax says why) and masked tiles
-  // skip unseen key spans (masked_tile). Measured (session 25, device call 7, against main): forward
+  // skip unseen key spans (masked_tile). Measured against the loop without them: forward
   // kernel tiny-unaligned -3.5%, 8192+224x256 -3.1%, prefix isolation 16x4096 -6.8%, longtail -6.4%,
   // tiny-unaligned -2.9%; but the instance with turns and per-token codes (the default's on long
   // documents) +1.2% at 16x4096, +2.6% at 8x8192, +4.2% at 4x16384, so its loop keeps the branch.
@@ -319,7 +319,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   // max and exponentials, one warp's chain, which paces the step, then the other's), while the
   // products of either are issued in their own turns. Left to overlap, the two chains slowed each
   // other on the shared issue slots and pipes; in turns the forward kernel measured -1.6% at
-  // 4x16384, -2.4% at 16x4096, -1.7% at 8x8192 (session 41: the exponentials alone in turns were 3%
+  // 4x16384, -2.4% at 16x4096, -1.7% at 8x8192 (the exponentials alone in turns were 3%
   // slower, and the same turn taken here around the whole tile_softmax call 15% slower; LEVERS.md).
   const ConsumerTurns<kTurns, kSoftmaxTurnBarrier> softmax_turns{me.consumer};
   turns.open();
@@ -410,7 +410,7 @@ template <int D, bool kTurns, bool kInteriorCodes>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ ForwardArgs args) {
   // The skeleton of tma.cuh's aligned_shared_storage and run_roles, written out: through those
   // helpers (as the backward kernels use them) this kernel compiled to other SASS and measured 1%
-  // slower on the H200 at 4x16384 and 16x4096 (two rounds in each of two runs, session 12).
+  // slower on the H200 at 4x16384 and 16x4096 (two rounds in each of two runs).
   extern __shared__ uint8_t smem_raw[];
   SharedTiles<D>& sm = *reinterpret_cast<SharedTiles<D>*>(smem_raw + ((1024 - smem_address(smem_raw) % 1024) % 1024));
 

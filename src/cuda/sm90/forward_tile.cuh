@@ -3,7 +3,7 @@
 // its rows' constants, and the consumer side of one tile: the masked and interior softmax paths,
 // the online-softmax update and an item's output. Apart from the kernel's producers, stage ring and
 // item loop, so that another kernel can attend with the same numbers (bitwise: the same functions
-// on the same values; session 36's short-document forward did: 08f4422, reverted, docs/KERNELS.md).
+// on the same values; a short-document forward kernel built so was tried, docs/KERNELS.md).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -236,7 +236,7 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
   // The exponentials, span by span, with the fold factor 2^(ev_j + fold_bias_i) as v_pow_j row_pow_i
   // (split: std::true_type) or built from the exponents (std::false_type). This shape, the early
   // return below included, compiles to the SASS of the two loops written out; a lambda per factor or
-  // one call after an if/else rescheduled every instance (sessions 37, 39).
+  // one call after an if/else rescheduled every instance.
   auto exponentials = [&](auto split) {
 #pragma unroll
     for (int span = 0; span < kSpans; ++span) {
@@ -364,7 +364,7 @@ __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], 
   turn.begin();
   // Each chain (a row's group max here, its group sum below) starts from the group's first element of
   // the row, not from -inf or 0: 16 instructions fewer per tile on the step's critical path (with
-  // the softmax turns, forward.cu: forward kernel -2.3% at 4x16384, session 41). Bitwise the same
+  // the softmax turns, forward.cu: forward kernel -2.3% at 4x16384). Bitwise the same
   // values: fmaxf drops a NaN operand either way, and 0 + p = p (a row whose every score is NaN
   // gets a NaN max instead of -inf, and NaN outputs either way).
   auto first_of_group = [](int nb, int e) { return nb % kBlocksPerGroup == 0 && (e & 1) == 0; };
@@ -395,7 +395,7 @@ __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], 
     tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2)) * q_factor[r];
   }
   // The running max first, the exponentials' addends from it, then alpha (by exp2_ftz, off the
-  // exponentials' path): forward kernel -1 to -2.7% on the long rows (session 42, probe AF), bitwise
+  // exponentials' path): forward kernel -1 to -2.7% on the long rows, bitwise
   // the same outputs. An alpha below 2^-126 flushed to 0 drops the earlier keys' weights, each below
   // 2^-126 of the new max key's 1, as the exponentials' own flush does.
   const float m_old[2] = {m[0], m[1]};
