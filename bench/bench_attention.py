@@ -2,7 +2,7 @@
 """Benchmark of flamia against the attention kernels a user would pick instead: the forward
 (--pass forward, default) or the whole training call (--pass train: forward + backward).
 
-DESIGN.md section 5: the nine packed causal workloads of bench/workloads.py (T = 65,536 packed
+docs/DESIGN.md §5: the nine packed causal workloads of bench/workloads.py (T = 65,536 packed
 tokens, Hq = 16, Hkv = 16 or 4 for the GQA row, D = 128, causal, random normal BF16 inputs), each
 implementation timed as the median of --rounds rounds after --warmup rounds, each workload in a
 child process of its own (bench/attention/isolate.py: an implementation that crashes its process is
@@ -32,8 +32,8 @@ Each round times --calls-per-round calls (default 4) dispatched back to back, pe
 implementations with CUDA events on the current stream around them, JAX ones with the wall clock up
 to the last one's block_until_ready. So every implementation is timed the same way, by its GPU time
 under back-to-back dispatch, as in a training loop (timed one at a time, a JAX call's number holds
-the host's wake-up after its block_until_ready). With --graph (DESIGN.md
-section 5: "inside a CUDA graph where possible") every torch implementation's call (its whole
+the host's wake-up after its block_until_ready). With --graph (docs/DESIGN.md §5, "What is
+timed") every torch implementation's call (its whole
 training call with --pass train) is captured once in a CUDA graph and the replays are timed, so no
 implementation's host time (Python, dispatcher, launches) is in its numbers; one that cannot be
 captured is timed eager and says so in a note. JAX's calls are jitted either way. TFLOP/s count
@@ -127,7 +127,7 @@ def parse_args(argv):
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--markdown", metavar="PATH", help="write the table as markdown")
     p.add_argument("--graph", action="store_true",
-                   help="time every torch implementation replaying its call from a CUDA graph (DESIGN.md section 5)")
+                   help="time every torch implementation replaying its call from a CUDA graph (docs/DESIGN.md §5)")
     p.add_argument("--no-check", action="store_true", help="skip the cosine check against flamia's output (and the refusal of outputs that fail it)")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failing implementations")
     p.add_argument("--no-gpu-readings", action="store_true",

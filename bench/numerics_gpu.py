@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The DESIGN.md section 4 accuracy table for the GPU kernels: flamia's forward and backward
+"""The docs/DESIGN.md §4 accuracy table for the GPU kernels: flamia's forward and backward
 against the exact FP64 attention (flamia.reference), for each numerics configuration the kernels
 build (the Hopper U layout, rowcol; `flamia numerics` on the CPU gives the emulated route the
 same way, with its internal statistics: saturation counts, U zero fraction, row residual, which

@@ -1,4 +1,4 @@
-"""The nine packed causal workloads of the forward/backward benchmarks (DESIGN.md section 5).
+"""The nine packed causal workloads of the forward/backward benchmarks (docs/DESIGN.md §5).
 
 Each workload is one packed row of 65,536 tokens (16 query heads, head dim 128 unless stated), a
 list of document lengths: uniform 16x4096 ... 1x65536, GQA 16/4, the skewed 8192+224x256, a

@@ -143,7 +143,7 @@ if [ "$RUN_BENCH" -eq 1 ]; then
   for pass in forward train; do
     if [ "$install_ok" -eq 1 ]; then
       # shellcheck disable=SC2086  # BENCH_ARGS is a list of words on purpose
-      # --graph: DESIGN.md section 5's protocol (every torch implementation replayed from a CUDA graph)
+      # --graph: the protocol of docs/DESIGN.md §5 (every torch implementation replayed from a CUDA graph)
       run_step "bench $pass" "$PYTHON" bench/bench_attention.py --pass "$pass" --graph \
         --json "$BENCH_DIR/bench_$pass.json" --markdown "$BENCH_DIR/bench_$pass.md" $BENCH_ARGS
     else

@@ -13,7 +13,7 @@
 namespace flamia::cli {
 namespace {
 
-// DESIGN.md §4 accuracy bars for the default route: cosine vs FP64.
+// docs/DESIGN.md §4 accuracy bars for the default route: cosine vs FP64.
 constexpr double kCosineBarO = 0.998, kCosineBarGrad = 0.997;
 
 // The default configuration's rows of every dQ reduction it runs (deterministic and fp16_partials

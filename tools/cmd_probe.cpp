@@ -15,7 +15,7 @@ int run_probe_command(int argc, char** argv) {
   bool json = false, quiet = false, force = false;
   std::string geometry = "block32", rule = "ceil";
   ArgParser args("probe",
-                 "Suffix-perturbation probe of the CPU emulation (DESIGN.md section 3). Packs three documents\n"
+                 "Suffix-perturbation probe of the CPU emulation (docs/DESIGN.md §3). Packs three documents\n"
                  "[A, B, C], changes B after position i (suffix control) or changes and moves A and C\n"
                  "(other-document control), and compares O, LSE and dQ bitwise in document and prefix mode.\n"
                  "Exits 0 when the contract holds and the positive control is visible, 1 otherwise.");

@@ -6,7 +6,7 @@
  *
  * Layout (like flash_attn_varlen_func): q [T, Hq, D], k and v [T, Hkv, D], o [T, Hq, D], BF16,
  * the feature axis contiguous; lse [Hq, T] FP32 (natural log); cu_seqlens int32 [num_docs + 1]
- * on the device. DESIGN.md and docs/NUMERICS.md define the numerics.
+ * on the device. docs/DESIGN.md §2 and docs/NUMERICS.md define the numerics.
  */
 #ifndef FLAMIA_FLAMIA_H_
 #define FLAMIA_FLAMIA_H_

@@ -1,4 +1,4 @@
-// Error metrics of an approximate tensor against an exact one (DESIGN.md §4).
+// Error metrics of an approximate tensor against an exact one (docs/DESIGN.md §4).
 #pragma once
 
 #include <span>

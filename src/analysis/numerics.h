@@ -1,4 +1,4 @@
-// The numerics table (DESIGN.md §4): each route configuration against the FP64 reference.
+// The numerics table (docs/DESIGN.md §4): each route configuration against the FP64 reference.
 #pragma once
 
 #include <functional>

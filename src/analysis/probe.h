@@ -1,4 +1,4 @@
-// The isolation probe (DESIGN.md §3): perturb inputs that an output must not depend on and
+// The isolation probe (docs/DESIGN.md §3): perturb inputs that an output must not depend on and
 // check, bitwise, that it does not move.
 //
 // For each isolation mode it runs three calls on three packed documents [A, B, C]:

@@ -188,7 +188,7 @@ bool all_finite(const PackedTensor& t) {
   return std::all_of(t.data.begin(), t.data.end(), [](double x) { return std::isfinite(x); });
 }
 
-// Both reductions on the same inputs: fp16_partials meets the bars (DESIGN.md §4) against FP64
+// Both reductions on the same inputs: fp16_partials meets the bars (docs/DESIGN.md §4) against FP64
 // (or, where the route itself cannot, is as close to FP64 as the deterministic dQ), stays close to
 // the deterministic dQ, leaves dK and dV bitwise alone, and its U and FP16 sums stay inside the
 // bounds of core/dq_partials.h, well above FP16's subnormals.
