@@ -70,11 +70,11 @@ int launch_backward_dq_finish(const BackwardParams& params, void* stream);
 
 // Whether a call's backward takes dQ from FP16 partials (the C API runs the deterministic passes
 // otherwise): the dK dV kernel has the instance (D = 128, causal, document isolation: no interior
-// codes; the grid schedule) and the documents are long enough on average for it to pay. Backward ms
-// on the H200 (deterministic vs FP16 partials): 16x4096 5.55 vs 5.97, 8x8192 10.65 vs 10.27,
-// 4x16384 20.26 vs 19.55, 1x65536 79.7 vs 74.5, longtail (mean 1,074 tokens) 7.79 vs 7.55: per
-// step the partials add U~'s transposed copy, a barrier of the two consumers and the dQ product,
-// which long items amortize better than the deterministic pass's fixed costs.
+// codes; the grid schedule) and the documents are long enough on average. Backward ms on the H200
+// (deterministic vs FP16 partials, the partials forced on): 16x4096 5.6 vs 5.8-6.0, 4x16384 20.3
+// vs 20.2-20.4, 1x65536 79.8 vs 78.6-79.9. Per step the partials add U~'s transposed copy, a barrier
+// of the two consumers, the dQ product and its reduction, which short items pay for most: from a mean
+// document of 8,192 tokens they run level with the deterministic passes (docs/KERNELS.md).
 inline constexpr int kDqPartialsFromMeanDocument = 8192;
 inline bool dq_partials_supported(int head_dim, bool causal, bool interior_codes, int64_t total_tokens,
                                   int64_t num_docs) {

@@ -414,7 +414,8 @@ __device__ __forceinline__ void produce_steps(const DkdvArgs& args, const DkdvWo
   const BackwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
   const int doc_slot = int(layout::transposed_document_start(w.d.begin, w.doc));
-  auto load_inputs = [&](QuerySteps::Cursor c) { return load_query_inputs<Share, kDqPartials>(p, w.d, c.head, c.q0, lane);
+  auto load_inputs = [&](QuerySteps::Cursor c) {
+    return load_query_inputs<Share, kDqPartials>(p, w.d, c.head, c.q0, lane);
   };
   QuerySteps::Cursor at = w.steps.first();
   QueryInputs next = load_inputs(at);
