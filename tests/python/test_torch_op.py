@@ -291,6 +291,27 @@ def test_backward_is_deterministic_and_takes_any_grad_layout():
     assert torch.equal(q1.grad, ones[1]) and torch.equal(k1.grad, ones[2]) and torch.equal(v1.grad, ones[3])
 
 
+def test_deterministic_follows_torch_and_fp16_partials_match_it():
+    # A document long enough for the FP16 dQ partials (documents of >= 8192 tokens on average).
+    lens = [9000, 100]
+    q, k, v, cu = make_inputs(lens, 2, 1, 128, seed=21)
+    dout = make_dout(q, 22)
+    exact = flamia_grads(q, k, v, dout, cu, lens, deterministic=True)
+    assert all(torch.equal(a, b) for a, b in zip(exact, flamia_grads(q, k, v, dout, cu, lens, deterministic=True)))
+    fast = flamia_grads(q, k, v, dout, cu, lens, deterministic=False)
+    assert torch.equal(fast[2], exact[2]) and torch.equal(fast[3], exact[3])  # dk, dv: one owner each
+    assert not torch.equal(fast[1], exact[1]), "the FP16 partials did not run"
+    assert cosine(fast[1], exact[1]) >= 0.9999
+    # deterministic=None follows torch's global flag
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert torch.equal(flamia_grads(q, k, v, dout, cu, lens)[1], exact[1])
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert cosine(flamia_grads(q, k, v, dout, cu, lens)[1], exact[1]) >= 0.9999
+
+
 def test_prefix_isolation_dq_ignores_the_future():
     # Strict mode: dq at positions <= i does not change when q, k, v and dout after i change.
     # The future is scaled by 2^12 so that the 32-token scale group holding i (document mode) jumps
