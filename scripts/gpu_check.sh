@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # The one command for a GPU (sm_90) machine: build with CUDA, run the GPU C++ tests, install the
 # Python package offline, run the PyTorch op and transformers tests, and (with --bench) the GPU
-# numerics table and the forward and training-call benchmarks.
+# numerics table and the forward and training-call benchmarks; with --sanitize, compute-sanitizer's
+# memcheck, racecheck and synccheck over a small subset of the GPU tests.
 #
-#   scripts/gpu_check.sh [--bench] [--no-tests] [--no-install] [--bench-args "--rounds 10 --workloads 16x4096"]
+#   scripts/gpu_check.sh [--bench] [--sanitize] [--no-tests] [--no-install] [--bench-args "--rounds 10 --workloads 16x4096"]
 #
 # The tests take ~5 minutes on an H200 (build; `ctest -L gpu -j8`, ~90 s, most of it the CPU
 # emulation the GPU results are compared with; pip install; pytest) and the benchmarks ~8 (each
 # round times 4 calls): where a job is limited to 10 minutes, run the tests in one job and
 # `--bench --no-tests` (build, install, benchmarks only) in the next. --no-install uses the
 # flamia package already installed (for example while another job on the machine imports it).
+# `--sanitize --no-tests` (a job of its own) builds and runs only the sanitizers, without the Python
+# package: scripts/gpu_sanitize.sh says what runs and how a report is judged.
 #
 # Every step runs even when an earlier one failed (except where it needs the earlier one's
 # output); the exit status is nonzero when any step failed. Benchmark results go to $OUT when it
 # is set, else bench-results/. Environment: PYTHON (default python3), JOBS (default 16),
-# CTEST_JOBS (default 8), BUILD_DIR (default build-gpu).
+# CTEST_JOBS (default 8), BUILD_DIR (default build-gpu). Sanitizer logs go to $OUT/sanitize when OUT
+# is set, else $BUILD_DIR/sanitize.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
@@ -25,14 +29,16 @@ BUILD_DIR=${BUILD_DIR:-build-gpu}
 RUN_BENCH=0
 RUN_TESTS=1
 RUN_INSTALL=1
+RUN_SANITIZE=0
 BENCH_ARGS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench) RUN_BENCH=1 ;;
     --no-tests) RUN_TESTS=0 ;;
     --no-install) RUN_INSTALL=0 ;;
+    --sanitize) RUN_SANITIZE=1 ;;
     --bench-args) shift; BENCH_ARGS=${1:-} ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -103,7 +109,9 @@ fi
 
 # The package builds its own copy of the library (scikit-build-core, Release, no tests, no CLI).
 install_ok=0
-if [ "$RUN_INSTALL" -eq 1 ]; then
+if [ "$RUN_TESTS" -eq 0 ] && [ "$RUN_BENCH" -eq 0 ]; then
+  echo "gpu_check: neither tests nor benchmarks: no Python package needed"
+elif [ "$RUN_INSTALL" -eq 1 ]; then
   run_step "pip install" "$PYTHON" -m pip install --no-build-isolation --no-deps -q . && install_ok=1
 elif "$PYTHON" -c 'import flamia' 2>/dev/null; then
   echo "gpu_check: --no-install: using the installed flamia package"
@@ -120,6 +128,18 @@ elif [ "$install_ok" -eq 1 ]; then
     tests/python/test_hf_integration.py tests/python/test_leak_attention.py
 else
   skip_step "pytest (torch op, transformers)" "pip install failed"
+fi
+
+if [ "$RUN_SANITIZE" -eq 1 ]; then
+  if [ "$build_ok" -eq 1 ]; then
+    # One step per tool and subset (scripts/gpu_sanitize.sh --list names them).
+    while IFS= read -r run; do
+      run_step "sanitize $run" env PYTHON="$PYTHON" bash scripts/gpu_sanitize.sh --build-dir "$BUILD_DIR" \
+        --logs "${OUT:-$BUILD_DIR}/sanitize" --only "$run"
+    done < <(bash scripts/gpu_sanitize.sh --list)
+  else
+    skip_step "sanitize" "build failed"
+  fi
 fi
 
 if [ "$RUN_BENCH" -eq 1 ]; then
@@ -166,7 +186,7 @@ for i in "${!STEP_NAMES[@]}"; do
     verdict="FAILED (exit $code)"
     failed=1
   fi
-  printf '  %-26s %-18s %5ss\n' "${STEP_NAMES[$i]}" "$verdict" "${STEP_SECONDS[$i]}"
+  printf '  %-34s %-18s %5ss\n' "${STEP_NAMES[$i]}" "$verdict" "${STEP_SECONDS[$i]}"
 done
 if [ "$RUN_BENCH" -eq 1 ]; then
   echo "  benchmark results: ${BENCH_DIR}/bench_{forward,train}.{json,md}, ${BENCH_DIR}/numerics_gpu.{json,md}"
