@@ -43,11 +43,11 @@ int run_numerics_command(int argc, char** argv) {
   bool compare_routes = false;
   ArgParser args("numerics",
                  "Accuracy of the emulated routes, MXFP8 and mixed NVFP4/FP8 (bit-exact quantization, double\n"
-                 "accumulation), against\n"
-                 "an unquantized FP64 reference on random normal BF16 inputs: cosine, relative L2, max abs error,\n"
-                 "row residual sum_j dS_ij, fraction of nonzero U entries rounded to zero, saturation counts.\n"
-                 "One row per configuration (route, Hadamard rotation, isolation, geometry, rule, U scale), dQ reduction (\"backward\": deterministic, and fp16_partials where it\n"
-                 "applies: document isolation, causal) and tensor (o, lse, dq, dk, dv).");
+                 "accumulation), against an unquantized FP64 reference on random normal BF16 inputs: cosine,\n"
+                 "relative L2, max abs error, row residual sum_j dS_ij, fraction of nonzero U entries rounded to\n"
+                 "zero, saturation counts. One row per configuration (route, Hadamard rotation, isolation,\n"
+                 "geometry, rule, U scale), dQ reduction (\"backward\": deterministic, and fp16_partials where it\n"
+                 "applies: MXFP8, document isolation, causal) and tensor (o, lse, dq, dk, dv).");
   args.option("docs", &docs, "number of documents of length --len", 1);
   args.option("len", &len, "tokens per document", 1);
   args.option("lengths", &lengths, "explicit document lengths (overrides --docs/--len)");
