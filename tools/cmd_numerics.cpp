@@ -21,7 +21,9 @@ constexpr double kCosineBarO = 0.998, kCosineBarGrad = 0.997;
 bool default_config_meets_bars(const std::vector<analysis::NumericsRow>& rows, std::string* why) {
   bool ok = true;
   for (const auto& r : rows) {
-    if (r.isolation != "document" || r.geometry != "block32" || r.rule != "ceil" || r.u_scale != "rowcol") continue;
+    if (r.route != "mxfp8" || r.hadamard || r.isolation != "document" || r.geometry != "block32" || r.rule != "ceil" ||
+        r.u_scale != "rowcol")
+      continue;
     const double bar = r.tensor == "o" ? kCosineBarO : (r.tensor == "lse" ? 0.0 : kCosineBarGrad);
     if (!(r.cmp.cosine >= bar)) {
       ok = false;
@@ -38,12 +40,14 @@ int run_numerics_command(int argc, char** argv) {
   std::vector<int> lengths;
   uint64_t seed = 0;
   bool json = false, quiet = false, non_causal = false, check = false, default_only = false, force = false;
+  bool compare_routes = false;
   ArgParser args("numerics",
-                 "Accuracy of the emulated MXFP8 route (bit-exact quantization, double accumulation) against\n"
-                 "an unquantized FP64 reference on random normal BF16 inputs: cosine, relative L2, max abs error,\n"
-                 "row residual sum_j dS_ij, fraction of nonzero U entries rounded to zero, saturation counts.\n"
-                 "One row per configuration, dQ reduction (\"backward\": deterministic, and fp16_partials where it\n"
-                 "applies: document isolation, causal) and tensor (o, lse, dq, dk, dv).");
+                 "Accuracy of the emulated routes, MXFP8 and mixed NVFP4/FP8 (bit-exact quantization, double\n"
+                 "accumulation), against an unquantized FP64 reference on random normal BF16 inputs: cosine,\n"
+                 "relative L2, max abs error, row residual sum_j dS_ij, fraction of nonzero U entries rounded to\n"
+                 "zero, saturation counts. One row per configuration (route, Hadamard rotation, isolation,\n"
+                 "geometry, rule, U scale), dQ reduction (\"backward\": deterministic, and fp16_partials where it\n"
+                 "applies: MXFP8, document isolation, causal) and tensor (o, lse, dq, dk, dv).");
   args.option("docs", &docs, "number of documents of length --len", 1);
   args.option("len", &len, "tokens per document", 1);
   args.option("lengths", &lengths, "explicit document lengths (overrides --docs/--len)");
@@ -53,7 +57,9 @@ int run_numerics_command(int argc, char** argv) {
   args.option("dim", &dim, "head dimension", 1);
   args.option("seed", &seed, "random seed of the inputs");
   args.flag("non-causal", &non_causal, "attend to the whole document (prefix mode is then skipped)");
-  args.flag("default-only", &default_only, "run only the default configuration (block32, ceil, document, rowcol)");
+  args.flag("default-only", &default_only, "run only the default configuration (mxfp8, block32, ceil, document, rowcol)");
+  args.flag("compare-routes", &compare_routes,
+            "run only the routes side by side: mxfp8 and nvfp4_mixed, each without and with the Hadamard rotation");
   args.flag("check", &check, "exit 1 when the default route misses the accuracy bars (O >= 0.998, grads >= 0.997)");
   args.flag("json", &json, "print one JSON object instead of a table");
   args.flag("quiet", &quiet, "no progress lines on stderr");
@@ -72,8 +78,9 @@ int run_numerics_command(int argc, char** argv) {
     throw UsageError("the documents hold no tokens (every length is 0): there is nothing to compare");
 
   const reference::AttentionShape shape{.causal = !non_causal};
+  if (default_only && compare_routes) throw UsageError("--default-only and --compare-routes exclude each other");
   std::vector<NumericsOptions> configs;
-  for (const auto& c : analysis::default_numerics_configs())
+  for (const auto& c : compare_routes ? analysis::route_comparison_configs() : analysis::default_numerics_configs())
     if (shape.causal || c.isolation != Isolation::kPrefix) configs.push_back(c);
   if (default_only) configs.resize(1);  // the first configuration is the default route
   // Sized before anything is allocated: a run over the limits is refused at once.
@@ -99,12 +106,12 @@ int run_numerics_command(int argc, char** argv) {
       const auto& r = rows[i];
       const auto& s = r.stats;
       std::printf(
-          "%s{\"route\": %s, \"isolation\": %s, \"geometry\": %s, \"rule\": %s, \"u_scale\": %s, \"backward\": %s, "
+          "%s{\"route\": %s, \"hadamard\": %s, \"isolation\": %s, \"geometry\": %s, \"rule\": %s, \"u_scale\": %s, \"backward\": %s, "
           "\"tensor\": %s, "
           "\"cosine\": %s, \"rel_l2\": %s, \"max_abs\": %s, \"row_residual_max\": %s, \"row_residual_rms\": %s, "
           "\"u_zero_fraction\": %s, \"saturated\": {\"q\": %lld, \"k\": %lld, \"v\": %lld, \"do\": %lld, \"p\": %lld, "
           "\"u\": %lld}}",
-          i ? ", " : "", json_string(r.route).c_str(), json_string(r.isolation).c_str(), json_string(r.geometry).c_str(),
+          i ? ", " : "", json_string(r.route).c_str(), json_bool(r.hadamard).c_str(), json_string(r.isolation).c_str(), json_string(r.geometry).c_str(),
           json_string(r.rule).c_str(), json_string(r.u_scale).c_str(), json_string(r.backward).c_str(),
           json_string(r.tensor).c_str(),
           json_number(r.cmp.cosine).c_str(), json_number(r.cmp.rel_l2).c_str(), json_number(r.cmp.max_abs).c_str(),
@@ -118,16 +125,16 @@ int run_numerics_command(int argc, char** argv) {
     for (int n : lengths) ls += (ls.empty() ? "" : ",") + std::to_string(n);
     std::printf("numerics vs FP64: documents [%s], %s, heads %d/%d, D = %d, seed %llu\n\n", ls.c_str(),
                 shape.causal ? "causal" : "non-causal", heads, kv_heads, dim, (unsigned long long)seed);
-    std::printf("| route | isolation | geometry | rule  | U scale  | backward      | tensor | cosine    | rel L2    | max abs  | row res max | row res rms | U zero frac | saturated q/k/v/dO/P/U |\n");
-    std::printf("|-------|-----------|----------|-------|----------|---------------|--------|-----------|-----------|----------|-------------|-------------|-------------|------------------------|\n");
+    std::printf("| route       | hadamard | isolation | geometry | rule  | U scale  | backward      | tensor | cosine    | rel L2    | max abs  | row res max | row res rms | U zero frac | saturated q/k/v/dO/P/U |\n");
+    std::printf("|-------------|----------|-----------|----------|-------|----------|---------------|--------|-----------|-----------|----------|-------------|-------------|-------------|------------------------|\n");
     for (const auto& r : rows) {
       const auto& s = r.stats;
       char saturated[128];
       std::snprintf(saturated, sizeof saturated, "%lld/%lld/%lld/%lld/%lld/%lld", (long long)s.saturated_q,
                     (long long)s.saturated_k, (long long)s.saturated_v, (long long)s.saturated_g,
                     (long long)s.saturated_p, (long long)s.saturated_u);
-      std::printf("| %-5s | %-9s | %-8s | %-5s | %-8s | %-13s | %-6s | %.7f | %.3e | %.2e | %11.3e | %11.3e | %11.5f | %-22s |\n",
-                  r.route.c_str(), r.isolation.c_str(), r.geometry.c_str(), r.rule.c_str(), r.u_scale.c_str(),
+      std::printf("| %-11s | %-8s | %-9s | %-8s | %-5s | %-8s | %-13s | %-6s | %.7f | %.3e | %.2e | %11.3e | %11.3e | %11.5f | %-22s |\n",
+                  r.route.c_str(), r.hadamard ? "on" : "off", r.isolation.c_str(), r.geometry.c_str(), r.rule.c_str(), r.u_scale.c_str(),
                   r.backward.c_str(), r.tensor.c_str(), r.cmp.cosine, r.cmp.rel_l2, r.cmp.max_abs, s.row_residual_max, s.row_residual_rms(),
                   s.u_zero_fraction(), saturated);
     }

@@ -13,7 +13,7 @@ namespace flamia::cli {
 int run_probe_command(int argc, char** argv) {
   analysis::ProbeOptions o;
   bool json = false, quiet = false, force = false;
-  std::string geometry = "block32", rule = "ceil";
+  std::string geometry = "block32", rule = "ceil", route = "mxfp8";
   ArgParser args("probe",
                  "Suffix-perturbation probe of the CPU emulation (docs/DESIGN.md §3). Packs three documents\n"
                  "[A, B, C], changes B after position i (suffix control) or changes and moves A and C\n"
@@ -28,6 +28,8 @@ int run_probe_command(int argc, char** argv) {
   args.option("suffix-boost", &o.suffix_boost_log2, "log2 of the factor applied to token i+1 in the suffix control");
   args.option("geometry", &geometry, "scale groups of loaded operands: block32 or token");
   args.option("rule", &rule, "scale exponent rule: ceil or floor");
+  args.option("route", &route, "mxfp8, or nvfp4_mixed (S on NVFP4 Q and K, the other products as mxfp8)");
+  args.flag("hadamard", &o.hadamard, "rotate Q and K (normalized Walsh-Hadamard, blocks of 128 features) before quantizing");
   args.flag("json", &json, "print one JSON object instead of a table");
   args.flag("quiet", &quiet, "no progress lines on stderr");
   args.flag("force", &force, "run even when the estimate is over the limits (half the RAM, one hour)");
@@ -36,7 +38,9 @@ int run_probe_command(int argc, char** argv) {
   if (!g) throw UsageError("--geometry must be block32 or token, got '" + geometry + "'");
   const auto r = parse_scale_rule(rule);
   if (!r) throw UsageError("--rule must be ceil or floor, got '" + rule + "'");
-  o.scale_geometry = *g, o.scale_rule = *r;
+  const auto rt = parse_route(route);
+  if (!rt) throw UsageError("--route must be mxfp8 or nvfp4_mixed, got '" + route + "'");
+  o.scale_geometry = *g, o.scale_rule = *r, o.route = *rt;
   analysis::check_probe_options(o);
   // Sized before anything is allocated: a run over the limits is refused at once.
   const RunEstimate estimate = estimate_probe(o.lengths, o.other_document_growth, o.q_heads, o.kv_heads, o.head_dim);
@@ -64,9 +68,9 @@ int run_probe_command(int argc, char** argv) {
     }
     std::printf("], \"pass\": %s}\n", json_bool(ok).c_str());
   } else {
-    std::printf("isolation probe: documents %d,%d,%d, i = %d, heads %d/%d, D = %d, %s/%s, seed %llu\n\n", o.lengths[0],
-                o.lengths[1], o.lengths[2], o.position, o.q_heads, o.kv_heads, o.head_dim, geometry.c_str(), rule.c_str(),
-                (unsigned long long)o.seed);
+    std::printf("isolation probe: documents %d,%d,%d, i = %d, heads %d/%d, D = %d, %s%s, %s/%s, seed %llu\n\n",
+                o.lengths[0], o.lengths[1], o.lengths[2], o.position, o.q_heads, o.kv_heads, o.head_dim, route.c_str(),
+                o.hadamard ? "+hadamard" : "", geometry.c_str(), rule.c_str(), (unsigned long long)o.seed);
     std::printf("| mode     | control        | tensor | max abs change | bitwise equal | changed / compared |\n");
     std::printf("|----------|----------------|--------|----------------|---------------|--------------------|\n");
     for (const auto& c : cases) {

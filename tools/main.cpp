@@ -17,7 +17,7 @@ constexpr const char* kUsage =
     "\n"
     "commands:\n"
     "  probe      isolation probe: do outputs move when inputs they must not depend on change?\n"
-    "  numerics   accuracy of the MXFP8 route against an FP64 reference (docs/DESIGN.md §4)\n"
+    "  numerics   accuracy of the MXFP8 and mixed NVFP4/FP8 routes against an FP64 reference (docs/DESIGN.md §4)\n"
     "\n"
     "Run 'flamia <command> --help' for a command's options; 'flamia --version' for the version.\n";
 

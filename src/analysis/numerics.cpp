@@ -12,6 +12,16 @@ std::vector<NumericsOptions> default_numerics_configs() {
   configs[4].isolation = Isolation::kPrefix;
   configs[4].scale_geometry = ScaleGeometry::kToken;
   configs[5].u_scale = UScaleGeometry::kSquare32;
+  const auto routes = route_comparison_configs();
+  configs.insert(configs.end(), routes.begin() + 1, routes.end());  // the first is the default route
+  return configs;
+}
+
+std::vector<NumericsOptions> route_comparison_configs() {
+  std::vector<NumericsOptions> configs(4);
+  configs[1].hadamard = true;
+  configs[2].route = configs[3].route = Route::kNvfp4Mixed;
+  configs[3].hadamard = true;
   return configs;
 }
 
@@ -25,9 +35,10 @@ std::vector<NumericsRow> run_numerics(const AttentionInputs& in, const reference
   std::vector<NumericsRow> rows;
   for (const NumericsOptions& opt : configs) {
     // The geometry as the option names it (prefix isolation's block32 is per token at the frontier).
-    const std::string name = std::string(to_string(opt.isolation)) + "/" + std::string(to_string(opt.scale_geometry)) +
+    const std::string name = std::string(to_string(opt.route)) + (opt.hadamard ? "+hadamard " : " ") +
+                             std::string(to_string(opt.isolation)) + "/" + std::string(to_string(opt.scale_geometry)) +
                              "/" + std::string(to_string(opt.scale_rule)) + "/u=" + std::string(to_string(opt.u_scale));
-    if (progress) progress("mxfp8 " + name);
+    if (progress) progress(name);
     RouteStats forward_stats;
     const QuantizedInputs qin = quantize_inputs(in.q, in.k, in.v, in.docs, opt);
     const ForwardOutputs fwd = mxfp8_forward(qin, in.docs, shape, opt, &forward_stats);
@@ -37,7 +48,7 @@ std::vector<NumericsRow> run_numerics(const AttentionInputs& in, const reference
       NumericsOptions run = opt;
       run.dq_reduction = reduction;
       RouteStats stats = forward_stats;
-      if (progress && reductions.size() > 1) progress("mxfp8 " + name + " backward " + std::string(to_string(reduction)));
+      if (progress && reductions.size() > 1) progress(name + " backward " + std::string(to_string(reduction)));
       const Gradients grads = mxfp8_backward(qin, fwd, in.dout, in.docs, shape, run, &stats);
       const std::pair<const char*, Comparison> tensors[] = {
           {"o", compare(fwd.o.data, exact.o.data)},
@@ -47,9 +58,10 @@ std::vector<NumericsRow> run_numerics(const AttentionInputs& in, const reference
           {"dv", compare(grads.dv.data, exact_grads.dv.data)},
       };
       for (const auto& [tensor, cmp] : tensors) {
-        rows.push_back({"mxfp8", std::string(to_string(opt.isolation)), std::string(to_string(opt.scale_geometry)),
-                        std::string(to_string(opt.scale_rule)), std::string(to_string(opt.u_scale)),
-                        std::string(to_string(reduction)), tensor, cmp, stats});
+        rows.push_back({std::string(to_string(opt.route)), std::string(to_string(opt.isolation)),
+                        std::string(to_string(opt.scale_geometry)), std::string(to_string(opt.scale_rule)),
+                        std::string(to_string(opt.u_scale)), opt.hadamard, std::string(to_string(reduction)), tensor,
+                        cmp, stats});
       }
     }
   }

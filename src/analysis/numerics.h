@@ -14,6 +14,7 @@ namespace flamia::analysis {
 
 struct NumericsRow {
   std::string route, isolation, geometry, rule, u_scale;
+  bool hadamard = false;
   std::string backward;  // dQ's reduction: to_string(DqReduction)
   std::string tensor;
   Comparison cmp;
@@ -21,8 +22,12 @@ struct NumericsRow {
 };
 
 // The configurations the table reports by default: the default route, then one option changed
-// at a time (token geometry, floor rule, prefix isolation, 32x32 U squares).
+// at a time (token geometry, floor rule, prefix isolation, 32x32 U squares), then the rest of
+// route_comparison_configs() (the Hadamard rotation, the mixed NVFP4/FP8 route).
 std::vector<NumericsOptions> default_numerics_configs();
+// The routes side by side on the default options: mxfp8, mxfp8 with Hadamard, nvfp4_mixed,
+// nvfp4_mixed with Hadamard.
+std::vector<NumericsOptions> route_comparison_configs();
 
 using Progress = std::function<void(const std::string&)>;
 

@@ -79,6 +79,10 @@ void check_probe_options(const ProbeOptions& o) {
   if (o.q_heads < 1 || o.kv_heads < 1 || o.q_heads % o.kv_heads != 0)
     throw std::invalid_argument("--heads must be a positive multiple of --kv-heads");
   if (o.head_dim < 1) throw std::invalid_argument("--dim must be >= 1");
+  if (o.route == Route::kNvfp4Mixed && o.head_dim % formats::kNvfp4Block != 0)
+    throw std::invalid_argument("--route nvfp4_mixed needs --dim a multiple of 16 (NVFP4 block scales)");
+  if (o.hadamard && reference::hadamard_block_size(o.head_dim) == 0)
+    throw std::invalid_argument("--hadamard needs --dim a multiple of 64");
   if (o.suffix_boost_log2 < 1 || o.suffix_boost_log2 > 60) throw std::invalid_argument("suffix boost must lie in [1, 60]");
 }
 
@@ -111,6 +115,8 @@ std::vector<ProbeCase> run_probe(const ProbeOptions& o, const Progress& progress
     opt.isolation = mode;
     opt.scale_geometry = o.scale_geometry;
     opt.scale_rule = o.scale_rule;
+    opt.route = o.route;
+    opt.hadamard = o.hadamard;
     const std::string m(to_string(mode));
     if (progress) progress(m + ": base call");
     const ProbeOutputs b = call(base, opt);

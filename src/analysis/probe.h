@@ -35,6 +35,8 @@ struct ProbeOptions {
   uint64_t seed = 0;
   ScaleGeometry scale_geometry = ScaleGeometry::kBlock32;
   ScaleRule scale_rule = ScaleRule::kCeil;
+  Route route = Route::kMxfp8;
+  bool hadamard = false;
 };
 
 // What the probe compares from one attention call: O and LSE, and dQ when the call has a backward.

@@ -2,12 +2,18 @@
 
 namespace flamia {
 
+std::string_view to_string(Route v) { return v == Route::kNvfp4Mixed ? "nvfp4_mixed" : "mxfp8"; }
 std::string_view to_string(Isolation v) { return v == Isolation::kPrefix ? "prefix" : "document"; }
 std::string_view to_string(ScaleGeometry v) { return v == ScaleGeometry::kToken ? "token" : "block32"; }
 std::string_view to_string(ScaleRule v) { return v == ScaleRule::kFloor ? "floor" : "ceil"; }
 std::string_view to_string(UScaleGeometry v) { return v == UScaleGeometry::kSquare32 ? "square32" : "rowcol"; }
 std::string_view to_string(DqReduction v) { return v == DqReduction::kFp16Partials ? "fp16_partials" : "deterministic"; }
 
+std::optional<Route> parse_route(std::string_view s) {
+  if (s == "mxfp8") return Route::kMxfp8;
+  if (s == "nvfp4_mixed") return Route::kNvfp4Mixed;
+  return std::nullopt;
+}
 std::optional<Isolation> parse_isolation(std::string_view s) {
   if (s == "document") return Isolation::kDocument;
   if (s == "prefix") return Isolation::kPrefix;

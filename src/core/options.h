@@ -36,7 +36,15 @@ enum class DqReduction : uint8_t {
   kFp16Partials,   // partials of the dK dV pass, boosted per row and summed in FP16 (five products instead of seven)
 };
 
+// Which formats the products use (docs/NUMERICS.md, "The mixed NVFP4/FP8 route").
+enum class Route : uint8_t {
+  kMxfp8,       // every product on E4M3 codes with UE8M0 scales (the Hopper kernels)
+  kNvfp4Mixed,  // S = Q.K^T on NVFP4 (E2M1, E4M3 scale per 16 features, FP32 scale per token); the
+                // other products as kMxfp8, with Q and K encoded again in E4M3 for dQ and dK (emulation only)
+};
+
 struct NumericsOptions {
+  Route route = Route::kMxfp8;
   Isolation isolation = Isolation::kDocument;
   ScaleGeometry scale_geometry = ScaleGeometry::kBlock32;
   ScaleRule scale_rule = ScaleRule::kCeil;
@@ -61,19 +69,22 @@ struct NumericsOptions {
   // reduction in a fixed order that no later tile can touch, and the partials' per-row factors
   // come from bounds over the row's prefix (the largest K and V scales over keys j <= i), which
   // cover the row's keys only when the row is causal. The partials are a Hopper layout with one U
-  // scale per row (sigma_i); 32x32 U squares have no row scale and keep their own dQ.
+  // scale per row (sigma_i); 32x32 U squares have no row scale and keep their own dQ. The mixed
+  // NVFP4/FP8 route is an emulation of a Blackwell design and keeps the deterministic reduction.
   bool uses_fp16_partials(bool causal) const {
-    return dq_reduction == DqReduction::kFp16Partials && isolation == Isolation::kDocument && causal &&
-           u_scale == UScaleGeometry::kRowCol;
+    return dq_reduction == DqReduction::kFp16Partials && route == Route::kMxfp8 && isolation == Isolation::kDocument &&
+           causal && u_scale == UScaleGeometry::kRowCol;
   }
 };
 
 // Names as they appear on the command line, in JSON and in the Python API.
+std::string_view to_string(Route v);
 std::string_view to_string(Isolation v);
 std::string_view to_string(ScaleGeometry v);
 std::string_view to_string(ScaleRule v);
 std::string_view to_string(UScaleGeometry v);
 std::string_view to_string(DqReduction v);
+std::optional<Route> parse_route(std::string_view s);
 std::optional<Isolation> parse_isolation(std::string_view s);
 std::optional<ScaleGeometry> parse_scale_geometry(std::string_view s);
 std::optional<ScaleRule> parse_scale_rule(std::string_view s);

@@ -88,4 +88,36 @@ FLAMIA_HD double decode_scaled_e4m3(uint8_t code, uint8_t scale) {
   return std::ldexp(decode_e4m3(code), ue8m0_exponent(scale));
 }
 
+// NVFP4 (the mixed route's score operands, emulation only): E2M1 codes, an unsigned E4M3 scale per
+// 16 consecutive features, and a second-level FP32 scale per (token, head). A per-tensor second
+// level (the general NVFP4 format) would couple every document and every position to the largest
+// value anywhere in the buffer, the future included; per token it is document- and prefix-local.
+//   s2    = FP32(amax_token / (6 * 448))        round to nearest; the largest block scale lands on 448
+//   b     = E4M3(amax_16 / (6 * s2))            quotient in double (6 * s2 is exact), RNE, saturating
+//   code  = E2M1(x / (b * s2))                  quotient in double (b * s2 is exact), RNE, saturating at 6
+//   value = decode(code) * b * s2
+// An all-zero token takes s2 = 1 and an all-zero block b = 0 (its codes are signed zeros). A token
+// holding NaN or Inf takes s2 = NaN: every value decoded from it is NaN (E2M1 has no NaN code).
+inline constexpr int kNvfp4Block = 16;
+
+inline float nvfp4_token_scale(double amax) {
+  if (std::isnan(amax) || std::isinf(amax)) return NAN;
+  if (amax == 0.0) return 1.0f;
+  return float(amax / (kE2M1Max * kE4M3Max));
+}
+// The E4M3 code of a block's scale; NaN (0x7F) when the token scale is NaN.
+inline uint8_t nvfp4_block_scale(double block_amax, float token_scale) {
+  return encode(kE4M3, block_amax / (kE2M1Max * double(token_scale)));
+}
+// The E2M1 code of x in a block with scale code `block` and the token's scale. A zero step (an
+// all-zero block) stores signed zeros; a NaN step stores zeros and the NaN travels in the scales.
+inline uint8_t nvfp4_code(double x, uint8_t block, float token_scale) {
+  const double step = decode(kE4M3, block) * double(token_scale);
+  if (!(step > 0)) return uint8_t(std::signbit(x) && !std::isnan(step) ? kE2M1.sign_bit() : 0);
+  return encode(kE2M1, x / step);
+}
+inline double nvfp4_value(uint8_t code, uint8_t block, float token_scale) {
+  return decode(kE2M1, code) * decode(kE4M3, block) * double(token_scale);
+}
+
 }  // namespace flamia::formats

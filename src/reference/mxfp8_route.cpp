@@ -78,6 +78,49 @@ double logit2(const DocOperand& q, int p, const DocOperand& k, int j, double sca
   return dot(q.row(p), k.row(j), q.dim) * std::exp2(q.exponents[p] + k.exponents[j]) * scale_log2e;
 }
 
+// An NVFP4 score operand of one document and head (the mixed route): E2M1 values, the E4M3 block
+// scales' values and the FP32 token scales.
+struct Nvfp4DocOperand {
+  int dim = 0, blocks = 0;
+  std::vector<double> values;        // [len, D]
+  std::vector<double> block_scales;  // [len, D / 16]
+  std::vector<double> token_scales;  // [len]
+  const double* row(int p) const { return values.data() + size_t(p) * dim; }
+  const double* block_row(int p) const { return block_scales.data() + size_t(p) * blocks; }
+};
+
+Nvfp4DocOperand load_nvfp4(const Nvfp4Tensor& x, int begin, int len, int head) {
+  Nvfp4DocOperand out;
+  out.dim = x.dim, out.blocks = x.dim / Nvfp4Tensor::kBlock;
+  out.values.resize(size_t(len) * x.dim);
+  out.block_scales.resize(size_t(len) * out.blocks);
+  out.token_scales.resize(len);
+  for (int p = 0; p < len; ++p) {
+    const uint8_t* c = x.code_row(begin + p, head);
+    const uint8_t* b = x.block_row(begin + p, head);
+    for (int f = 0; f < x.dim; ++f) out.values[size_t(p) * x.dim + f] = formats::decode(formats::kE2M1, c[f]);
+    for (int i = 0; i < out.blocks; ++i) out.block_scales[size_t(p) * out.blocks + i] = formats::decode(formats::kE4M3, b[i]);
+    out.token_scales[p] = double(x.token_scale(begin + p, head));
+  }
+  return out;
+}
+
+// Base-2 logit of the mixed route: the block scales vary along the contraction, so they apply
+// inside the sum, block by block, as a block-scaled MMA applies them; the token scales are constant
+// along it and are factored out. Each block's code sum is exact (E2M1 products are multiples of
+// 1/4, at most 36 in magnitude), and so is its product with the two E4M3 scales; the blocks are
+// summed in feature order.
+double nvfp4_logit2(const Nvfp4DocOperand& q, int p, const Nvfp4DocOperand& k, int j, double scale_log2e) {
+  const double *qc = q.row(p), *kc = k.row(j), *qb = q.block_row(p), *kb = k.block_row(j);
+  double s = 0.0;
+  for (int b = 0; b < q.blocks; ++b) {
+    double block = 0.0;
+    for (int f = b * Nvfp4Tensor::kBlock; f < (b + 1) * Nvfp4Tensor::kBlock; ++f) block += qc[f] * kc[f];
+    s += block * (qb[b] * kb[b]);
+  }
+  return s * (q.token_scales[p] * k.token_scales[j]) * scale_log2e;
+}
+
 int kv_head_of(int q_head, int q_heads, int kv_heads) { return q_head / (q_heads / kv_heads); }
 
 // K or V of one document and head as the pairs read it: the frontier's codes, and with interior
@@ -104,6 +147,14 @@ void check_inputs(const QuantizedInputs& in, const Documents& docs) {
     throw std::invalid_argument("q heads (" + std::to_string(in.q.heads) + ") must be a multiple of k/v heads (" +
                                 std::to_string(in.k.heads) + ")");
   if (in.k.dim != in.q.dim || in.v.dim != in.q.dim) throw std::invalid_argument("q, k and v must share the head dim");
+  if (in.route == Route::kNvfp4Mixed && (in.q_score.tokens != in.q.tokens || in.k_score.tokens != in.k.tokens))
+    throw std::invalid_argument("the nvfp4_mixed route needs the NVFP4 score codes of q and k");
+}
+
+void check_route_matches(const QuantizedInputs& in, const NumericsOptions& options) {
+  if (in.route != options.route)
+    throw std::invalid_argument("the inputs were quantized for route=" + std::string(to_string(in.route)) +
+                                " but the call asks for route=" + std::string(to_string(options.route)));
 }
 
 }  // namespace
@@ -128,6 +179,9 @@ void check_route_options(const AttentionShape& shape, const NumericsOptions& opt
                                 "a row to later rows; isolation=prefix needs u_scale=rowcol");
   if (options.p_boost_log2 < 0 || options.p_boost_log2 > 8)
     throw std::invalid_argument("p_boost_log2 must lie in [0, 8] so that boosted P (<= 2^boost) never exceeds 448");
+  if (options.route == Route::kNvfp4Mixed && head_dim % formats::kNvfp4Block != 0)
+    throw std::invalid_argument("route=nvfp4_mixed needs head_dim a multiple of " + std::to_string(formats::kNvfp4Block) +
+                                " (NVFP4 block scales), got " + std::to_string(head_dim));
   if (options.hadamard && hadamard_block_size(head_dim) == 0)
     throw std::invalid_argument("hadamard=true needs head_dim a multiple of 64, got " + std::to_string(head_dim));
 }
@@ -137,6 +191,7 @@ QuantizedInputs quantize_inputs(const PackedTensor& q, const PackedTensor& k, co
   const ScaleGeometry geometry = options.effective_geometry();
   QuantizedInputs out;
   out.hadamard = options.hadamard;
+  out.route = options.route;
   // Q and K rotated once (with Hadamard), read in place otherwise.
   PackedTensor q_rotated, k_rotated;
   if (options.hadamard) {
@@ -149,6 +204,10 @@ QuantizedInputs quantize_inputs(const PackedTensor& q, const PackedTensor& k, co
   out.q = quantize_mxfp8(q_in, docs, geometry, options.scale_rule);
   out.k = quantize_mxfp8(k_in, docs, geometry, options.scale_rule);
   out.v = quantize_mxfp8(v, docs, geometry, options.scale_rule);
+  if (options.route == Route::kNvfp4Mixed) {  // per (token, head) scales: no geometry, no document boundary to mind
+    out.q_score = quantize_nvfp4(q_in);
+    out.k_score = quantize_nvfp4(k_in);
+  }
   if (options.interior_codes()) {
     out.k_interior = quantize_mxfp8(k_in, docs, ScaleGeometry::kBlock32, options.scale_rule);
     out.v_interior = quantize_mxfp8(v, docs, ScaleGeometry::kBlock32, options.scale_rule);
@@ -160,8 +219,10 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
                              const NumericsOptions& options, RouteStats* stats) {
   check_inputs(in, docs);
   check_route_options(shape, options, in.q.dim);
+  check_route_matches(in, options);
   const int T = in.q.tokens, Hq = in.q.heads, Hkv = in.k.heads, D = in.q.dim;
   const double scale_log2e = shape.scale_for(D) * std::numbers::log2e;
+  const bool mixed = in.route == Route::kNvfp4Mixed;
   const int boost = options.p_boost_log2;
   ForwardOutputs out{PackedTensor(T, Hq, D), HeadTokenTensor(Hq, T), HeadTokenTensor(Hq, T)};
   // Rows are independent: one task per (document, head, block of query rows), so a long document
@@ -175,8 +236,14 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
     const int begin = docs.begin(doc), len = docs.length(doc), p1 = std::min(len, p0 + kRowBlock);
     const int kvh = kv_head_of(h, Hq, Hkv);
     const int keys = shape.causal ? p1 : len;  // the keys these rows can see
-    const DocOperand q = load(in.q, begin, p1, h);
-    const PairOperand k = load_pairs(in.k, in.k_interior, begin, keys, kvh);
+    // The score operands: E4M3 Q and K (MXFP8 route) or their NVFP4 codes (mixed route).
+    const DocOperand q = mixed ? DocOperand{} : load(in.q, begin, p1, h);
+    const PairOperand k = mixed ? PairOperand{} : load_pairs(in.k, in.k_interior, begin, keys, kvh);
+    const Nvfp4DocOperand q4 = mixed ? load_nvfp4(in.q_score, begin, p1, h) : Nvfp4DocOperand{};
+    const Nvfp4DocOperand k4 = mixed ? load_nvfp4(in.k_score, begin, keys, kvh) : Nvfp4DocOperand{};
+    auto logit = [&](int p, int j) {
+      return mixed ? nvfp4_logit2(q4, p, k4, j, scale_log2e) : logit2(q, p, k.at(p, j), j, scale_log2e);
+    };
     const PairOperand v = load_pairs(in.v, in.v_interior, begin, len, kvh);
     RouteStats& st = task_stats[t];
 
@@ -195,7 +262,7 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
       for (int kt = last / tiling::kFwdKeyTile; kt >= 0; --kt) {  // diagonal tile first
         const int j0 = kt * tiling::kFwdKeyTile, j1 = std::min(j0 + tiling::kFwdKeyTile, last + 1);
         double m_new = m;
-        for (int j = j0; j < j1; ++j) m_new = nan_max(m_new, s[j - j0] = logit2(q, p, k.at(p, j), j, scale_log2e));
+        for (int j = j0; j < j1; ++j) m_new = nan_max(m_new, s[j - j0] = logit(p, j));
         const double alpha = m == -kInf ? 0.0 : std::exp2(m - m_new);
         l *= alpha;
         for (double& a : acc) a *= alpha;
@@ -220,6 +287,7 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
     for (const auto& st : task_stats) stats->merge(st);
     stats->saturated_q += in.q.saturated, stats->saturated_k += in.k.saturated, stats->saturated_v += in.v.saturated;
     stats->saturated_k += in.k_interior.saturated, stats->saturated_v += in.v_interior.saturated;
+    stats->saturated_q += in.q_score.saturated, stats->saturated_k += in.k_score.saturated;
   }
   return out;
 }
@@ -229,7 +297,9 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
                          RouteStats* stats) {
   check_inputs(in, docs);
   check_route_options(shape, options, in.q.dim);
+  check_route_matches(in, options);
   const int T = in.q.tokens, Hq = in.q.heads, Hkv = in.k.heads, D = in.q.dim;
+  const bool mixed = in.route == Route::kNvfp4Mixed;
   if (dout.tokens != T || dout.heads != Hq || dout.dim != D) throw std::invalid_argument("dout must have the shape of q");
   if (fwd.o.tokens != T || fwd.o.heads != Hq || fwd.lse.tokens != T || fwd.lse.heads != Hq)
     throw std::invalid_argument("the saved forward outputs (o, lse) must match q");
@@ -257,6 +327,7 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
     RouteStats& st = item_stats[item];
     const PairOperand k = load_pairs(in.k, in.k_interior, begin, len, kvh);
     const PairOperand v = load_pairs(in.v, in.v_interior, begin, len, kvh);
+    const Nvfp4DocOperand k4 = mixed ? load_nvfp4(in.k_score, begin, len, kvh) : Nvfp4DocOperand{};
     std::vector<double> dk(size_t(len) * D, 0.0), dv(size_t(len) * D, 0.0);
     // FP16 partials: the largest K and V scale exponents over the keys j <= i and whether one of
     // those scales is NaN, as prefix maxima over the document (document isolation: no interior codes).
@@ -289,6 +360,11 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
 
     for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
      const DocOperand q = load(in.q, begin, len, h), g = load(g_codes, begin, len, h);
+     // S from the forward's score codes: NVFP4 in the mixed route, where q and k (E4M3) serve dQ and dK only.
+     const Nvfp4DocOperand q4 = mixed ? load_nvfp4(in.q_score, begin, len, h) : Nvfp4DocOperand{};
+     auto logit = [&](int p, int j) {
+       return mixed ? nvfp4_logit2(q4, p, k4, j, scale_log2e) : logit2(q, p, k.at(p, j), j, scale_log2e);
+     };
      for (int c0 = 0; c0 < len; c0 += kChunkRows) {
       const int c1 = std::min(len, c0 + kChunkRows), tiles = (c1 - c0 + kQT - 1) / kQT;
       const int keys = shape.causal ? c1 : len;  // the keys the chunk's rows see
@@ -326,7 +402,7 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
           double* pt_row = &PT[size_t(p - c0) * len];
           for (int j = 0; j <= last; ++j) {
             const DocOperand& vj = v.at(p, j);
-            const double pij = std::exp2(logit2(q, p, k.at(p, j), j, scale_log2e) - lse2);
+            const double pij = std::exp2(logit(p, j) - lse2);
             const double eij = dot(g.row(p), vj.row(j), D) * std::exp2(g.exponents[p] + vj.exponents[j]);
             const double uij = pij * (eij - Di);
             u_row[j] = uij;

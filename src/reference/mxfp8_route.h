@@ -1,4 +1,5 @@
-// The emulated MXFP8 attention route (docs/DESIGN.md §2): the spec of record for the Hopper kernels.
+// The emulated MXFP8 attention route (docs/DESIGN.md §2): the spec of record for the Hopper kernels;
+// and the mixed NVFP4/FP8 route (Route::kNvfp4Mixed, docs/NUMERICS.md), which differs only in S.
 //
 // Quantization is bit-exact (the same codes and scales the GPU must produce); products are
 // accumulated in double. The tile structure that decides rounding (which running max P is
@@ -27,6 +28,10 @@
 //          (the partial exact, each FP16 addition rounded; p_max_i = fwd.row_max_prob)
 //   dK_j = scale * sum_tiles 2^tau   sum_i E4M3(U_ij 2^eq_i / 2^tau) cq_i,    tau per (column, query tile)
 // (or, with UScaleGeometry::kSquare32, one 32x32 U square scale shared by both products.)
+// Mixed NVFP4/FP8 route: S alone changes. Q and K are also encoded in NVFP4 (q_score, k_score: E2M1
+// codes, E4M3 scale b per 16 features, FP32 scale s2 per token and head), and in every line above
+//   s_ij = s2q_i s2k_j * sum_blocks (bq_ib bk_jb) (cq_i . ck_j)_block * scale * log2(e)
+// while cq, eq, ck, ek (E4M3) remain the operands of dQ and dK. dQ is reduced deterministically.
 #pragma once
 
 #include <cstdint>
@@ -58,12 +63,14 @@ struct RouteStats {
 };
 
 // Q, K and V after the optional Hadamard rotation, encoded once; the forward and the backward
-// both read these codes. With NumericsOptions::interior_codes() (prefix isolation, block32), K and
+// both read these codes. The mixed route encodes Q and K a second time, in NVFP4, for S. With NumericsOptions::interior_codes() (prefix isolation, block32), K and
 // V are also encoded block32 (k_interior, v_interior): interior pairs (tiling::interior_pair) read
 // those, every other pair k and v's per-token codes. Empty otherwise.
 struct QuantizedInputs {
   Mxfp8Tensor q, k, v;
   Mxfp8Tensor k_interior, v_interior;
+  Nvfp4Tensor q_score, k_score;  // Route::kNvfp4Mixed: the score operands (from the same rotated Q, K)
+  Route route = Route::kMxfp8;
   bool hadamard = false;
   bool has_interior_codes() const { return k_interior.tokens > 0; }
 };

@@ -62,8 +62,7 @@ Mxfp8Tensor quantize_mxfp8(const PackedTensor& x, const Documents& docs, ScaleGe
 
 double Nvfp4Tensor::value(int t, int h, int f) const {
   const size_t row = size_t(t) * heads + h;
-  const double block = formats::decode(formats::kE4M3, block_scales[row * (dim / kBlock) + f / kBlock]);
-  return formats::decode(formats::kE2M1, codes[row * dim + f]) * block * double(token_scales[row]);
+  return formats::nvfp4_value(codes[row * dim + f], block_scales[row * (dim / kBlock) + f / kBlock], token_scales[row]);
 }
 
 Nvfp4Tensor quantize_nvfp4(const PackedTensor& x) {
@@ -80,21 +79,17 @@ Nvfp4Tensor quantize_nvfp4(const PackedTensor& x) {
     for (int h = 0; h < x.heads; ++h) {
       const size_t row = size_t(t) * x.heads + h;
       const double* src = x.row(t, h);
-      const double amax = nan_max_abs(src, x.dim, 0.0);
-      // The block scales then use E4M3's full range: amax / 6 / s = 448 for the largest block.
-      const float token_scale = amax > 0 ? float(amax / (formats::kE2M1Max * formats::kE4M3Max))
-                                         : (std::isnan(amax) ? NAN : 1.0f);
+      // The rules live in formats/scales.h: the token scale puts the largest block scale on 448.
+      const float token_scale = formats::nvfp4_token_scale(nan_max_abs(src, x.dim, 0.0));
       q.token_scales[row] = token_scale;
       for (int b = 0; b < blocks; ++b) {
         const double* blk = src + b * Nvfp4Tensor::kBlock;
-        const double bmax = nan_max_abs(blk, Nvfp4Tensor::kBlock, 0.0);
-        const uint8_t bs = formats::encode(formats::kE4M3, bmax / formats::kE2M1Max / double(token_scale));
+        const uint8_t bs = formats::nvfp4_block_scale(nan_max_abs(blk, Nvfp4Tensor::kBlock, 0.0), token_scale);
         q.block_scales[row * blocks + b] = bs;
         const double step = formats::decode(formats::kE4M3, bs) * double(token_scale);
         for (int f = 0; f < Nvfp4Tensor::kBlock; ++f) {
-          // A zero block scale means every value of the block rounds to zero.
-          q.codes[row * x.dim + b * Nvfp4Tensor::kBlock + f] =
-              step > 0 ? formats::encode(formats::kE2M1, blk[f] / step) : uint8_t(std::signbit(blk[f]) ? 0x8 : 0x0);
+          q.codes[row * x.dim + b * Nvfp4Tensor::kBlock + f] = formats::nvfp4_code(blk[f], bs, token_scale);
+          if (step > 0 && std::fabs(blk[f]) / step > formats::kE2M1Max) ++q.saturated;
         }
       }
     }

@@ -34,18 +34,22 @@ struct Mxfp8Tensor {
 
 Mxfp8Tensor quantize_mxfp8(const PackedTensor& x, const Documents& docs, ScaleGeometry geometry, ScaleRule rule);
 
-// NVFP4 operand (emulation only): E2M1 codes, an unsigned E4M3 scale per 16 features, and a
-// second-level FP32 scale. The FP32 scale's scope is one token of one head, not the tensor:
-// a per-tensor amax would couple every document and every position to the largest value
-// anywhere in the buffer, including the future. Per token, it is both document- and
-// prefix-local; it is chosen so the largest block scale lands on 448 (s = amax / (6 * 448)).
+// NVFP4 operand (emulation only; the mixed route's score operands): E2M1 codes, an unsigned E4M3
+// scale per 16 features, and a second-level FP32 scale. The FP32 scale's scope is one token of one
+// head, not the tensor: a per-tensor amax would couple every document and every position to the
+// largest value anywhere in the buffer, including the future. Per token, it is both document- and
+// prefix-local. The rules (formats/scales.h) put the largest block scale on 448.
 struct Nvfp4Tensor {
-  static constexpr int kBlock = 16;
+  static constexpr int kBlock = formats::kNvfp4Block;
   int tokens = 0, heads = 0, dim = 0;
   std::vector<uint8_t> codes;         // [T, H, D] E2M1, one code per byte
   std::vector<uint8_t> block_scales;  // [T, H, D / 16] E4M3, non-negative
   std::vector<float> token_scales;    // [T, H]
+  int64_t saturated = 0;              // finite inputs that clipped to +-6 (a block scale rounded down)
 
+  const uint8_t* code_row(int t, int h) const { return codes.data() + (size_t(t) * heads + h) * dim; }
+  const uint8_t* block_row(int t, int h) const { return block_scales.data() + (size_t(t) * heads + h) * (dim / kBlock); }
+  float token_scale(int t, int h) const { return token_scales[size_t(t) * heads + h]; }
   double value(int t, int h, int f) const;
 };
 

@@ -79,7 +79,7 @@ TEST(Mxfp8Route, AllZeroDoutRowsDoNotDisableTheDvFold) {
 }
 
 // Awkward packed shapes (lengths 1, 31, 32, 33, 127, 129, unaligned starts), GQA and MQA, causal
-// and not, every option combination: the route stays close to FP64 everywhere.
+// and not, every option combination of both routes: each stays close to FP64 everywhere.
 class Mxfp8RouteShapes : public ::testing::TestWithParam<std::tuple<int, bool, int>> {};
 
 TEST_P(Mxfp8RouteShapes, TracksTheFp64Reference) {
@@ -94,11 +94,15 @@ TEST_P(Mxfp8RouteShapes, TracksTheFp64Reference) {
     return;
   }
   const Call c = emulate(in, opt, causal);
-  EXPECT_GT(compare(c.fwd.o.data, exact.o.data).cosine, 0.998);
-  EXPECT_LT(compare(c.fwd.lse.data, exact.lse.data).max_abs, 0.2);  // natural-log units; logits carry ~2^-5 relative error
-  EXPECT_GT(compare(c.grads.dq.data, exact_grads.dq.data).cosine, 0.995);
-  EXPECT_GT(compare(c.grads.dk.data, exact_grads.dk.data).cosine, 0.995);
-  EXPECT_GT(compare(c.grads.dv.data, exact_grads.dv.data).cosine, 0.997);
+  // The mixed route's 4-bit scores (E2M1: one mantissa bit, logits ~2^-3 relative error) cost
+  // about 0.004 of cosine everywhere (seen on these shapes: O 0.9949, dQ 0.9927, dV 0.9948).
+  const bool fp4 = opt.route == Route::kNvfp4Mixed;
+  EXPECT_GT(compare(c.fwd.o.data, exact.o.data).cosine, fp4 ? 0.992 : 0.998);
+  // natural-log units; E4M3 logits carry ~2^-5 relative error
+  EXPECT_LT(compare(c.fwd.lse.data, exact.lse.data).max_abs, fp4 ? 0.6 : 0.2);
+  EXPECT_GT(compare(c.grads.dq.data, exact_grads.dq.data).cosine, fp4 ? 0.99 : 0.995);
+  EXPECT_GT(compare(c.grads.dk.data, exact_grads.dk.data).cosine, fp4 ? 0.99 : 0.995);
+  EXPECT_GT(compare(c.grads.dv.data, exact_grads.dv.data).cosine, fp4 ? 0.992 : 0.997);
 }
 
 INSTANTIATE_TEST_SUITE_P(GqaMqaMhaCausalConfigs, Mxfp8RouteShapes,

@@ -53,21 +53,53 @@ def test_numerics_json_has_one_row_per_config_and_tensor():
     out = run("numerics", "--json", "--len", "160", "--docs", "2", "--heads", "2", "--dim", "64", "--quiet")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["rows"]
-    keys = {"route", "isolation", "geometry", "rule", "backward", "tensor", "cosine", "rel_l2", "max_abs",
+    keys = {"route", "hadamard", "isolation", "geometry", "rule", "backward", "tensor", "cosine", "rel_l2", "max_abs",
             "row_residual_max", "u_zero_fraction"}
     assert all(keys <= set(r) for r in rows)
     assert {r["tensor"] for r in rows} == {"o", "lse", "dq", "dk", "dv"}
     assert {(r["isolation"], r["geometry"], r["rule"]) for r in rows} >= {
         ("document", "block32", "ceil"), ("document", "token", "ceil"), ("document", "block32", "floor"),
         ("prefix", "block32", "ceil"), ("prefix", "token", "ceil")}
-    # Causal document isolation with per-row U scales reports both dQ reductions; prefix isolation
-    # and 32x32 U squares only the deterministic one.
+    assert {(r["route"], r["hadamard"]) for r in rows} == {
+        ("mxfp8", False), ("mxfp8", True), ("nvfp4_mixed", False), ("nvfp4_mixed", True)}
+    # Causal document isolation with per-row U scales on the MXFP8 route reports both dQ reductions;
+    # prefix isolation, 32x32 U squares and the mixed route only the deterministic one.
     reductions = {}
     for r in rows:
-        reductions.setdefault((r["isolation"], r["geometry"], r["rule"], r["u_scale"]), set()).add(r["backward"])
-    for (isolation, _, _, u_scale), seen in reductions.items():
-        both = isolation == "document" and u_scale == "rowcol"
-        assert seen == ({"deterministic", "fp16_partials"} if both else {"deterministic"}), (isolation, u_scale, seen)
+        key = (r["route"], r["hadamard"], r["isolation"], r["geometry"], r["rule"], r["u_scale"])
+        reductions.setdefault(key, set()).add(r["backward"])
+    for (route, _, isolation, _, _, u_scale), seen in reductions.items():
+        both = route == "mxfp8" and isolation == "document" and u_scale == "rowcol"
+        assert seen == ({"deterministic", "fp16_partials"} if both else {"deterministic"}), (route, isolation, seen)
+
+
+def test_numerics_compare_routes_reports_both_routes_with_and_without_hadamard():
+    out = run("numerics", "--json", "--compare-routes", "--len", "256", "--docs", "2", "--heads", "2", "--dim", "64",
+              "--quiet")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    rows = doc["rows"]
+    assert len(rows) == 30  # mxfp8 (two dQ reductions) and nvfp4_mixed, each without and with Hadamard
+    assert {(r["isolation"], r["geometry"], r["rule"], r["u_scale"]) for r in rows} == {
+        ("document", "block32", "ceil", "rowcol")}
+    det = {(r["route"], r["hadamard"], r["tensor"]): r for r in rows if r["backward"] == "deterministic"}
+    for hadamard in (False, True):
+        for tensor in ("o", "dq", "dk", "dv"):
+            m8, m4 = det[("mxfp8", hadamard, tensor)], det[("nvfp4_mixed", hadamard, tensor)]
+            assert 0.98 < m4["cosine"] < m8["cosine"], (hadamard, tensor)
+    assert doc["meets_bars"] is True  # judged on the default route alone
+
+
+def test_probe_covers_the_mixed_route():
+    out = run("probe", "--json", "--dim", "64", "--route", "nvfp4_mixed", "--quiet")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    cases = {(c["mode"], c["control"], c["tensor"]): c for c in doc["cases"]}
+    assert doc["pass"] is True and len(cases) == 12
+    assert cases[("document", "suffix", "o")]["bitwise_equal"] is False
+    # The NVFP4 score operands are per token: the LSE (a function of S alone) never moves.
+    assert all(cases[(mode, control, "lse")]["bitwise_equal"] for mode in ("document", "prefix")
+               for control in ("suffix", "other_document"))
 
 
 def test_numerics_non_causal_reports_only_the_deterministic_backward():
@@ -90,6 +122,9 @@ def test_numerics_non_causal_reports_only_the_deterministic_backward():
     (["numerics", "--docs", "1000000", "--len", "1000000"], "too many tokens"),
     (["probe", "--lengths", "5,6"], "three documents"),
     (["probe", "--geometry", "tile"], "--geometry"),
+    (["probe", "--route", "nvfp4"], "--route must be mxfp8 or nvfp4_mixed"),
+    (["probe", "--route", "nvfp4_mixed", "--dim", "24"], "multiple of 16"),
+    (["numerics", "--compare-routes", "--default-only"], "exclude each other"),
     (["frobnicate"], "unknown command"),
 ])
 def test_bad_arguments_fail_with_a_message_naming_the_problem(args, message):
