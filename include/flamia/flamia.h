@@ -66,10 +66,11 @@ typedef struct flamia_options {
   flamia_scale_geometry scale_geometry;  /* default BLOCK32 */
   flamia_scale_rule scale_rule;          /* default CEIL */
   int p_boost_log2;                      /* default 8, in [0, 8] */
-  /* 0 (default): dQ's sums of the backward from saved codes (flamia_backward_saved) are FP16
-   * partials of the dK dV pass, reduced in whatever order they arrive (faster, not bitwise
-   * repeatable); 1: a dQ pass of its own, each row summed in a fixed order (bitwise repeatable).
-   * Prefix isolation, non-causal calls and flamia_backward always run the deterministic backward. */
+  /* 0 (default): where they apply (documents of 8192 tokens or more on average, D = 128), dQ's sums
+   * of the backward from saved codes (flamia_backward_saved) are FP16 partials of the dK dV pass,
+   * reduced in whatever order they arrive (not bitwise repeatable); 1: a dQ pass of its own, each
+   * row summed in a fixed order (bitwise repeatable). Prefix isolation, non-causal calls and
+   * flamia_backward always run the deterministic backward. */
   int deterministic;
 } flamia_options;
 

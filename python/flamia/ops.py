@@ -496,7 +496,8 @@ def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, 
         deterministic: the backward's reduction of dq. True: bitwise repeatable (a dQ pass of its
             own, each row summed in a fixed order). False: dq from FP16 partials of the dK dV pass
             where they apply (document isolation, causal, D = 128, long documents, save_codes),
-            faster and as accurate, but summed in whatever order they arrive. Default None follows
+            as accurate but summed in whatever order they arrive (today level in speed with the
+            deterministic pass, docs/RESULTS.md). Default None follows
             torch.are_deterministic_algorithms_enabled(). Prefix isolation is always deterministic.
         save_codes: when a gradient will be taken, keep q, k and v's MXFP8 codes (about 2 bytes per
             element of q, k and v, 2 more per element of k and v in prefix isolation with block32
