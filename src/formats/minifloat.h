@@ -122,37 +122,28 @@ FLAMIA_HD double round_e4m3(double x) {
   return round_to(f, x);
 }
 
-// BF16: IEEE-style (8 exponent bits, 7 mantissa bits, Inf and NaN), round-to-nearest-even,
-// overflow to Inf as the hardware conversion does. Returned as the double it represents.
-FLAMIA_HD double round_to_bf16(double x) {
+// An IEEE-style binary float with kMan mantissa bits and normal exponents kMinExp..kMaxExp (Inf
+// and NaN, subnormals kept): x rounded to nearest even, overflowing to Inf as the hardware
+// conversions do. Returned as the double it represents.
+template <int kMan, int kMinExp, int kMaxExp>
+FLAMIA_HD double round_to_ieee_float(double x) {
   if (std::isnan(x) || std::isinf(x) || x == 0.0) return x;
-  constexpr int kMan = 7, kMinExp = -126, kMaxExp = 127;
   const double a = std::fabs(x);
   int exp2_plus_one;
   std::frexp(a, &exp2_plus_one);
   int e = exp2_plus_one - 1;
-  if (e < kMinExp) e = kMinExp;
+  if (e < kMinExp) e = kMinExp;  // subnormals: the lattice step stays 2^(kMinExp - kMan)
   double r = std::ldexp(std::rint(std::ldexp(a, kMan - e)), e - kMan);
-  // Largest finite BF16 is (2 - 2^-7) * 2^127; anything rounding above it is Inf.
-  if (r > std::ldexp(255.0, kMaxExp - kMan)) r = INFINITY;
+  // The largest finite value is (2 - 2^-kMan) 2^kMaxExp; anything rounding above it is Inf.
+  if (r > std::ldexp(double((1 << (kMan + 1)) - 1), kMaxExp - kMan)) r = INFINITY;
   return x < 0 ? -r : r;
 }
 
-// FP16 (IEEE binary16: 5 exponent bits, 10 mantissa bits, Inf and NaN), round-to-nearest-even,
-// subnormals kept (no flush to zero), overflow to Inf: the tensor cores' FP16 accumulator and
-// conversions. Returned as the double it represents.
-FLAMIA_HD double round_to_fp16(double x) {
-  if (std::isnan(x) || std::isinf(x) || x == 0.0) return x;
-  constexpr int kMan = 10, kMinExp = -14, kMaxExp = 15;
-  const double a = std::fabs(x);
-  int exp2_plus_one;
-  std::frexp(a, &exp2_plus_one);
-  int e = exp2_plus_one - 1;
-  if (e < kMinExp) e = kMinExp;  // subnormals: the lattice step stays 2^-24
-  double r = std::ldexp(std::rint(std::ldexp(a, kMan - e)), e - kMan);
-  // Largest finite FP16 is (2 - 2^-10) * 2^15 = 65504; anything rounding above it is Inf.
-  if (r > std::ldexp(2047.0, kMaxExp - kMan)) r = INFINITY;
-  return x < 0 ? -r : r;
-}
+// BF16: 8 exponent bits, 7 mantissa bits (the kernels' outputs).
+FLAMIA_HD double round_to_bf16(double x) { return round_to_ieee_float<7, -126, 127>(x); }
+
+// FP16 (IEEE binary16): 5 exponent bits, 10 mantissa bits, largest finite 65504 (the FP16 dQ
+// accumulator and its conversions).
+FLAMIA_HD double round_to_fp16(double x) { return round_to_ieee_float<10, -14, 15>(x); }
 
 }  // namespace flamia::formats
