@@ -15,12 +15,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import bench_attention  # noqa: E402
 from attention import timing  # noqa: E402
 
-META = {"pass": "train", "gpu": "H200", "torch": "t", "jax": "j", "cudnn_torch": 1, "date": "d", "rounds": 5,
-        "warmup": 2}
-
-
-def ok(ms, tflops, **extra):
-    return {"status": "ok", "ms": ms, "tflops": tflops, **extra}
+from bench_rows import META, ok  # noqa: E402
 
 
 def row(impls):
