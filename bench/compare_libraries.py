@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Whether two builds of the library compute the same bits: whole training calls (o, lse, dq, dk, dv)
 on benchmark workloads, saved by one build and compared bitwise by another (a differing output is
-reported with its cosine and largest difference to the saved one). A kernel change that only
-reorders work (scheduling, barriers, loads) must pass this before it is timed.
+reported with its cosine and largest difference to the saved one), on the deterministic backward.
+A kernel change that only reorders work (scheduling, barriers, loads) must pass this before it is
+timed.
 
 The library is the one at $FLAMIA_CAPI_LIB (python/flamia/_capi.py), so each build runs in its own
 process:
@@ -59,7 +60,8 @@ def difference(a, b):
 def training_call(torch, flamia, name, isolation, seed):
     lens = W.WORKLOADS[name]["lens"]
     q, k, v, dout, cu = W.training_inputs(torch, name, seed=seed)
-    o, lse = flamia.attention(q, k, v, cu, max(lens), isolation=isolation, return_lse=True)
+    # The deterministic backward: the FP16 dQ partials' reduction order, and so dQ's bits, vary.
+    o, lse = flamia.attention(q, k, v, cu, max(lens), isolation=isolation, return_lse=True, deterministic=True)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), dout)
     return [t.detach().cpu() for t in (o, lse, dq, dk, dv)]
 

@@ -14,6 +14,9 @@ nvidia-cuda-cuobjdump wheel, or FLAMIA_CUOBJDUMP, or the PATH).
 - The quantizer keeps everything in registers too: its interior-code instances had 24- and 32-byte
   stack frames at 4 CTAs per SM and ran slower than at 3 without (prefix's training-call quantize
   5-6% slower).
+- dK dV's FP16-partials instance keeps its step loop free of spills: a stack frame of at most 32
+  bytes (the entry's own). A 72-byte frame, which kept part of dK's accumulators in local memory
+  through every step, ran that backward 6-8% slower on the long rows (H200, docs/KERNELS.md).
 - Instance counts (forward 8: D in {64, 128} x consumer turns x prefix isolation's interior codes;
   dQ 8; dK dV 11: the FP16 dQ partials' instance at D = 128), so that a new instance, build time on CI's two cores, is a deliberate change.
 """
@@ -112,3 +115,17 @@ def test_quantize_kernels_do_not_spill(kernels):
     found = family(kernels, "quantize_mxfp8_kernel")
     assert found, "no quantize_mxfp8_kernel instances found"
     assert not spilled(found), f"quantizer instances with a stack frame or local memory (bytes): {spilled(found)}"
+
+
+# backward_dkdv_kernel<D = 128, grid, no turns, no interior codes, FP16 dQ partials>
+DQ_PARTIALS_INSTANCE = "backward_dkdv_kernelILi128ELb0ELb0ELb0ELb1"
+DQ_PARTIALS_MAX_STACK = 32
+
+
+def test_dq_partials_instance_keeps_its_step_loop_in_registers(kernels):
+    found = family(kernels, "backward_dkdv_kernel")
+    assert DQ_PARTIALS_INSTANCE in found, f"no {DQ_PARTIALS_INSTANCE} among {sorted(found)}"
+    usage = found[DQ_PARTIALS_INSTANCE]
+    assert usage["STACK"] <= DQ_PARTIALS_MAX_STACK and usage["LOCAL"] == 0, (
+        f"FP16-partials dK dV instance: stack {usage['STACK']} bytes (at most {DQ_PARTIALS_MAX_STACK}), "
+        f"local {usage['LOCAL']}")

@@ -71,10 +71,10 @@ int launch_backward_dq_finish(const BackwardParams& params, void* stream);
 // Whether a call's backward takes dQ from FP16 partials (the C API runs the deterministic passes
 // otherwise): the dK dV kernel has the instance (D = 128, causal, document isolation: no interior
 // codes; the grid schedule) and the documents are long enough on average. Backward ms on the H200
-// (deterministic vs FP16 partials, the partials forced on): 16x4096 5.6 vs 5.8-6.0, 4x16384 20.3
-// vs 20.2-20.4, 1x65536 79.8 vs 78.6-79.9. Per step the partials add U~'s transposed copy, a barrier
-// of the two consumers, the dQ product and its reduction, which short items pay for most: from a mean
-// document of 8,192 tokens they run level with the deterministic passes (docs/KERNELS.md).
+// (deterministic vs FP16 partials, the partials forced on): 16x4096 5.47 vs 5.64, 8x8192 10.48 vs
+// 10.09, 4x16384 20.2 vs 18.8, 2x32768 39.3 vs 37.1, 1x65536 80.0 vs 73.4. Per step the partials
+// add U~'s transposed copy, a barrier of the two consumers, the dQ product and its reduction, which
+// short items pay for most: below a mean document of 8,192 tokens they are slower (docs/KERNELS.md).
 inline constexpr int kDqPartialsFromMeanDocument = 8192;
 inline bool dq_partials_supported(int head_dim, bool causal, bool interior_codes, int64_t total_tokens,
                                   int64_t num_docs) {

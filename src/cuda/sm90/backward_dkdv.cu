@@ -160,8 +160,10 @@ struct alignas(1024) DkdvInteriorKeys {
 // with sigma_i and beta_i fixed before the pass, so the two consumers never exchange a row max: each
 // writes its 64 keys' U~ transposed (queries as rows) into one tile, they meet at a named barrier, and
 // each multiplies the tile with half of the item's K^T (kDqFeatures features). The FP16 partial goes
-// to shared memory, and a TMA reduce-add adds it into dQ's FP16 accumulator (dq's own buffer).
-constexpr int kDqFeatures = 64;  // dQ features per consumer
+// to shared memory, and TMA reduce-adds (one per warp) add it into dQ's FP16 accumulator (dq's own
+// buffer).
+constexpr int kDqFeatures = 64;             // dQ features per consumer
+constexpr int kDqWarpRows = kQueryTile / 4;  // a warp's rows of a consumer's FP16 partial (one TMA reduce-add)
 template <int D>
 struct alignas(1024) DqPartialBuffers {
   uint8_t kt[D * kKeyRows];                  // the item's K codes transposed, keys permuted (B of dQ)
@@ -209,7 +211,7 @@ struct DkdvArgs {
   CUtensorMap qt_map, gt_map;  // transposed form, box kQueryTile
   CUtensorMap k_interior_map, v_interior_map;  // the interior codes' rows, box kKeyRows
   CUtensorMap kt_map;  // FP16 partials: K transposed, box kKeyRows
-  CUtensorMap dq_map;  // FP16 partials: dQ's FP16 accumulator, box kQueryTile tokens x kDqFeatures
+  CUtensorMap dq_map;  // FP16 partials: dQ's FP16 accumulator, box kDqWarpRows tokens x kDqFeatures
 };
 
 // A producer lane's queries' inputs to the constants (queries lane + 32 j of the tile, j in the
@@ -648,26 +650,44 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
       dq_partials::fence_shared_for_async();
     }
 
-    // dV += P~^T . dO codes;  dK += 2^tau (U~^T . Q codes) (B: the transposed, permuted forms),
-    // one wait for both: dK's tile takes 64 more accumulator registers next to dK and dV (its two
-    // feature halves one after the other, waited for twice per step, measured 5-8% slower).
+    // dV += P~^T . dO codes;  dK += 2^tau (U~^T . Q codes) (B: the transposed, permuted forms).
+    // With FP16 dQ partials, dK's product runs in two parts of D / 2 features through one tile of
+    // that size, so that the tile holds 32 registers next to dK and dV, not 64 (with the dQ step's
+    // registers, one tile of D features spilled dK's accumulators): part 0 and dV are issued, part 0
+    // is added while dV runs, then part 1. (The deterministic instances keep one tile of D features:
+    // for them the second wait per step measured 2-4% slower.)
+    constexpr int kDkParts = kDqPartials ? 2 : 1;
+    constexpr int kDkPartFeatures = D / kDkParts;
+    float part_tile[kDkPartFeatures / 2];  // dK's parts, then (FP16 partials) the dQ partial
+    zero(part_tile);
     fence_accumulators(dv_acc);
     wgmma_fence();
+    register_product<kDkPartFeatures, kQueryTile, kTransposedLayout>(part_tile, ua, st.qt);
+    wgmma_commit();
     register_product<D, kQueryTile, kTransposedLayout>(dv_acc, pa, st.gt);
-    float dk_tile[D / 2];
-    zero(dk_tile);
-    register_product<D, kQueryTile, kTransposedLayout>(dk_tile, ua, st.qt);
     wgmma_commit();
     // Both consumers' U~ halves in the tile (while the products run).
     if (kDqPartials) dq_partials::named_barrier_sync(dq_partials::kUTileBarrier, 2 * 128);
-    wgmma_wait<0>();
-    fence_accumulators(dk_tile);
-    add_scaled_rows(dk_acc, dk_tile, tau.pow);
+    if constexpr (kDkParts == 1) wgmma_wait<0>();
+    else wgmma_wait<1>();  // part 0 done, dV may still run
+    fence_accumulators(part_tile);
+    add_scaled_rows_at<0>(dk_acc, part_tile, tau.pow);
+    if constexpr (kDkParts == 2) {
+      zero(part_tile);  // the first k-step accumulates
+      wgmma_fence();
+      register_product<kDkPartFeatures, kQueryTile, kTransposedLayout>(part_tile, ua,
+                                                                      st.qt + kDkPartFeatures * kQueryTile);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(part_tile);
+      add_scaled_rows_at<kDkPartFeatures / 2>(dk_acc, part_tile, tau.pow);
+    }
     fence_accumulators(dv_acc);
     if constexpr (kDqPartials) {
       // dQ partial = U~ . K (this consumer's kDqFeatures features), times 2^(sigma_i + beta_i), 0 on
-      // rows past the document end, as FP16 into this consumer's out tile; one thread adds the tile
-      // into dQ's accumulator (TMA reduce-add) once every thread wrote its rows.
+      // rows past the document end, as FP16 into this consumer's out tile; each warp's lane 0 adds
+      // the warp's 16 rows into dQ's accumulator (TMA reduce-add) once its lanes wrote them, with no
+      // barrier across the warpgroup.
       const int warp_in_group = warp % 4;
       float row_factor[2];
       for (int r = 0; r < 2; ++r) {
@@ -675,7 +695,10 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
         row_factor[r] = q0 + row < d.len ? st.consts.dq_out[row] : 0.f;
       }
       if (lane == 0) sm.ring.arrive_empty(use);  // this warp is done with the step's tiles
-      float dq_tile[kDqFeatures / 2];
+      // In part_tile's registers: its dK sums come first, not sunk below the dQ product's issue
+      // (a tile of its own there raised the step's register peak by 32).
+      static_assert(kDqFeatures == kDkPartFeatures, "the dQ partial reuses dK's part tile");
+      float (&dq_tile)[kDqFeatures / 2] = part_tile;
       wgmma_fence();
       rows_product<kKeyRows, kDqFeatures, SmemLayout::kSwizzle128B>(
           dq_tile, sm.tail.partials.u[use & 1], sm.tail.partials.kt + consumer * kDqFeatures * kKeyRows);
@@ -685,9 +708,10 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
       const uint32_t out = smem_address(sm.tail.partials.out[consumer][use & 1]);
       dq_partials::store_partial_fp16(out, dq_tile, row_factor, warp_in_group, lane);
       dq_partials::fence_shared_for_async();
-      dq_partials::named_barrier_sync(dq_partials::kOutTileBarrier0 + consumer, 128);
-      if (threadIdx.x % 128 == 0) {
-        dq_partials::tma_reduce_add(args.dq_map, out, consumer * kDqFeatures, at.head, d.begin + q0);
+      __syncwarp();
+      if (lane == 0) {
+        dq_partials::tma_reduce_add(args.dq_map, out + warp_in_group * kDqWarpRows * dq_partials::kRowBytes,
+                                    consumer * kDqFeatures, at.head, d.begin + q0 + warp_in_group * kDqWarpRows);
         dq_partials::bulk_commit();
         dq_partials::bulk_wait_read<1>();  // the out tile of use - 1 is free for use + 1
       }
@@ -695,7 +719,7 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
       if (lane == 0) sm.ring.arrive_empty(use);  // this warp is done with the step's tiles
     }
   }
-  if (kDqPartials && threadIdx.x % 128 == 0) dq_partials::bulk_wait_all();
+  if (kDqPartials && lane == 0) dq_partials::bulk_wait_all();
   // and with the interior keys
   if (has_interior_steps<kInteriorCodes>(w) && lane == 0) sm.interior_ring.arrive_empty(interior_use);
 
@@ -796,7 +820,7 @@ int launch_backward_dkdv(const BackwardParams& p, void* stream) {
         e = transposed_form_map(args.kt_map, p.k_codes_t, p.t_pitch, p.kv_heads, D, kKeyRows);
         if (e == cudaSuccess)
           e = fp16_rows_map(args.dq_map, p.dq, p.total_tokens, p.q_heads, D, p.dq_stride_token, p.dq_stride_head,
-                            kQueryTile, kDqFeatures);
+                            kDqWarpRows, kDqFeatures);
         if (e != cudaSuccess) return e;
         return launch_over_tile_slots(backward_dkdv_kernel<D, false, false, false, true>, args,
                                       kDkdvSharedBytes<D, false, DkdvTailUse::kDqPartials>, kThreads, p.total_tokens,

@@ -20,10 +20,10 @@
 
 namespace flamia::cuda::sm90::dq_partials {
 
-// Named barriers (1 and 2 are ConsumerTurns'; FP16 partials run without turns, but keep clear).
-inline constexpr int kUTileBarrier = 3;        // both consumers: the step's U~ tile is complete
-inline constexpr int kOutTileBarrier0 = 4;     // consumer c: its FP16 partial tile is complete (4 + c)
-inline constexpr int kRowBytes = 128;          // a U~ row (128 keys) and an FP16 partial row (64 features)
+// The named barrier of the step's U~ tile (both consumers wrote their keys). 1 and 2 are
+// ConsumerTurns'; FP16 partials run without turns, but keep clear.
+inline constexpr int kUTileBarrier = 3;
+inline constexpr int kRowBytes = 128;  // a U~ row (128 keys) and an FP16 partial row (64 features)
 
 __device__ __forceinline__ void named_barrier_sync(int barrier, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(barrier), "r"(threads) : "memory");
