@@ -2,7 +2,7 @@
 """Where a flamia call spends its GPU time: per-kernel durations of one forward (--pass forward)
 or training call (--pass train) on the benchmark workloads, from the PyTorch profiler (CUPTI
 kernel records), summed per kernel family over --rounds calls after --warmup calls and divided by
---rounds.
+--rounds. One of three profiling entry points; docs/KERNELS.md "Tools" says which answers what.
 
 Output: one markdown row per workload, ms per call for each kernel family (quantization of each
 tensor, the V fold reference, the work order, forward, backward prep, dK dV, dQ, and 'other':

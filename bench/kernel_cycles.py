@@ -2,7 +2,8 @@
 """SM cycles per call of each implementation's kernels, side by side at one locked clock: Nsight
 Compute (`ncu --clock-control base`, each kernel alone) on the benchmark's calls, so that two
 implementations compare by their kernels' cycles, without the clock each keeps under the power cap
-(which moves the protocol's time ratios, docs/RESULTS.md "Clock and energy").
+(which moves the protocol's time ratios, docs/RESULTS.md "Clock at the power cap"). One of three
+profiling entry points; docs/KERNELS.md "Tools" says which answers what.
 
   python3 bench/kernel_cycles.py run [--workloads 4x16384,tiny-unaligned] [--impls flamia,jax-cudnn-fp8]
                                      [--out DIR] [--sections] [--stalls]

@@ -13,6 +13,7 @@
 # pipe activity and the largest stall reasons (the report holds the rest).
 # Only the second training call is profiled (cudaProfilerStart/Stop around it: the first warms up),
 # every flamia kernel of it once, with clocks left as they run.
+# One of three profiling entry points; docs/KERNELS.md "Tools" says which answers what.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SASS=0

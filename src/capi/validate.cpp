@@ -13,7 +13,7 @@
 
 #include "core/documents.h"
 #include "core/operand_layout.h"
-#include "core/work_order.h"
+#include "core/schedule.h"
 #include "reference/mxfp8_route.h"
 
 namespace flamia::capi {

@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-#include "core/document_slots.h"
+#include "core/schedule.h"
 #include "formats/host_device.h"
 
 namespace flamia::layout {
@@ -40,7 +40,7 @@ FLAMIA_HD constexpr int permuted_position(int c) { return (c & ~(kKeyStep - 1)) 
 
 // Token slots per (head, feature) row of the transposed layout: every document padded to whole
 // steps plus one step of slack per document (two documents may start inside the same step); the
-// slot numbering of core/document_slots.h with a unit of one step.
+// slot numbering of core/schedule.h with a unit of one step.
 FLAMIA_HD constexpr int64_t transposed_tokens(int64_t total_tokens, int64_t num_docs) {
   return kKeyStep * slots::slot_count(total_tokens, num_docs, kKeyStep);
 }

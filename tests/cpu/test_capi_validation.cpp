@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "capi/validate.h"
-#include "core/work_order.h"
+#include "core/schedule.h"
 #include "flamia/flamia.h"
 
 namespace flamia::capi {

@@ -1,6 +1,6 @@
 // The physical layouts of core/operand_layout.h (the key permutation and the transposed, padded
 // code layout that the quantizer writes and the kernels read) and the tile slots of
-// core/document_slots.h they and the kernels' grids are built on.
+// core/schedule.h they and the kernels' grids are built on.
 #include "core/operand_layout.h"
 
 #include <gtest/gtest.h>
@@ -42,7 +42,7 @@ std::vector<int64_t> random_cu_seqlens(std::mt19937& rng) {
   return cu;
 }
 
-// core/document_slots.h: the tile slots of the documents never overlap and fit in slot_count, for
+// core/schedule.h: the tile slots of the documents never overlap and fit in slot_count, for
 // the units the kernels use (32-token quantizer tiles and transposed steps, 128-row attention tiles).
 TEST(DocumentSlots, TilesOfDocumentsAreDisjointAndInBounds) {
   std::mt19937 rng(11);

@@ -1,6 +1,6 @@
-// Finding a tile slot's document on the device (cuda/document_span.cuh): the one-thread bisection
+// Finding a tile slot's document on the device (cuda/schedule/document_span.cuh): the one-thread bisection
 // (document_tile) and the whole-warp 32-way search (document_tile_warp, the persistent forward's
-// producer) both against the host's numbering of core/document_slots.h, for every slot of
+// producer) both against the host's numbering of core/schedule.h, for every slot of
 // document lists of 1 to 5000 documents.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -9,8 +9,8 @@
 #include <random>
 #include <vector>
 
-#include "core/document_slots.h"
-#include "cuda/document_span.cuh"
+#include "core/schedule.h"
+#include "cuda/schedule/document_span.cuh"
 #include "forward_harness.h"
 
 namespace flamia::gpu_test {

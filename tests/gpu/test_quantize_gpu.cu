@@ -487,7 +487,7 @@ TEST_P(QuantizeEdges, StridedViews) {
 }
 
 // Skewed lengths with empty documents at the ends and in between: every tile slot
-// (core/document_slots.h) finds its document, idle slots write nothing.
+// (core/schedule.h) finds its document, idle slots write nothing.
 TEST_P(QuantizeEdges, SkewedAndEmptyDocuments) {
   const auto [geometry, rule] = GetParam();
   analysis::InputShape shape;

@@ -1,4 +1,4 @@
-// The attention kernels' work order (core/work_order.h, cuda/schedule/work_order.cuh): the table
+// The attention kernels' work order (core/schedule.h, cuda/schedule/work_order.cuh): the table
 // the device builds holds every tile of every document exactly once, sorted by cost (largest
 // first), then idle entries, and its tile count, for document lists of 1 to 5000 documents, empty documents among
 // them, causal and not. (That the kernels' outputs do not depend on the order is what every other
@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/work_order.h"
+#include "core/schedule.h"
 #include "cuda/schedule/work_order.cuh"
 #include "forward_harness.h"
 

@@ -24,12 +24,12 @@
 #include <cmath>
 #include <type_traits>
 
-#include "core/document_slots.h"
 #include "core/documents.h"
 #include "core/operand_layout.h"
+#include "core/schedule.h"
 #include "core/tiling.h"
 #include "cuda/block_scan.cuh"
-#include "cuda/document_span.cuh"
+#include "cuda/schedule/document_span.cuh"
 #include "formats/minifloat.h"
 #include "formats/scales.h"
 

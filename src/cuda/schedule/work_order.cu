@@ -1,4 +1,4 @@
-// The work order's table (core/work_order.h), built by one CTA per call: a counting sort of every
+// The work order's table (core/schedule.h), built by one CTA per call: a counting sort of every
 // document's tiles by cost, largest first. Its four phases, each over the tile slots or the costs:
 //   1. every entry idle, every cost counter 0;
 //   2. counter[c] = the tiles of cost c (each slot's tile found by bisection over cu_seqlens);

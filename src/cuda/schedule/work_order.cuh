@@ -1,13 +1,13 @@
-// The attention kernels' work order on the device (core/work_order.h): the table builder's launch,
-// and each kernel's lookup of its item's tile.
+// The attention kernels' work order on the device (its format: core/schedule.h): the table
+// builder's launch, and each kernel's lookup of its item's tile.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "core/work_order.h"
-#include "cuda/document_span.cuh"
+#include "core/schedule.h"
+#include "cuda/schedule/document_span.cuh"
 
 namespace flamia::cuda {
 

@@ -4,13 +4,13 @@
 
 #include <cstdint>
 
-#include "core/work_order.h"
+#include "core/schedule.h"
 
 namespace flamia::cuda::sm90 {
 
 struct AttentionShape {
   const int32_t* cu_seqlens;  // [num_docs + 1] on the device
-  // The items' tiles, costliest first (core/work_order.h; built on the stream before the kernels),
+  // The items' tiles, costliest first (core/schedule.h; built on the stream before the kernels),
   // and how many there are (the table's entries before the idle ones).
   const order::OrderedTile* work_order;
   const int* work_order_tiles;

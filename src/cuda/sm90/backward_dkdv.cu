@@ -27,16 +27,16 @@
 
 #include "core/operand_layout.h"
 #include "core/tiling.h"
-#include "cuda/document_span.cuh"
+#include "cuda/schedule/document_span.cuh"
+#include "cuda/schedule/launch.cuh"
+#include "cuda/schedule/work_items.cuh"
 #include "cuda/sm90/accumulator.cuh"
 #include "cuda/sm90/backward.h"
 #include "cuda/sm90/dq_partials.cuh"
 #include "cuda/sm90/fp8_math.cuh"
-#include "cuda/sm90/launch.cuh"
 #include "cuda/sm90/tensor_map.h"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
-#include "cuda/sm90/work_items.cuh"
 #include "formats/scales.h"
 
 namespace flamia::cuda::sm90 {

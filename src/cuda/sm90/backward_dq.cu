@@ -1,5 +1,5 @@
 // Backward pass 3: dQ. A work item (tile of 128 queries of one document, query head; in the work
-// order of core/work_order.h, as the forward's) owns those rows'
+// order of core/schedule.h, as the forward's) owns those rows'
 // dQ and walks the 128-key tiles (counted from the document start, tiling::kBwdKeyTile) that its
 // rows see; persistent like the forward (one CTA per SM takes items in turn, work_items.cuh). Per
 // key tile:
@@ -23,16 +23,16 @@
 
 #include "core/operand_layout.h"
 #include "core/tiling.h"
-#include "cuda/document_span.cuh"
+#include "cuda/schedule/document_span.cuh"
+#include "cuda/schedule/launch.cuh"
+#include "cuda/schedule/work_items.cuh"
 #include "cuda/sm90/accumulator.cuh"
 #include "cuda/sm90/backward.h"
 #include "cuda/sm90/fp8_math.cuh"
 #include "cuda/sm90/key_scales.cuh"
-#include "cuda/sm90/launch.cuh"
 #include "cuda/sm90/tensor_map.h"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
-#include "cuda/sm90/work_items.cuh"
 #include "formats/scales.h"
 
 namespace flamia::cuda::sm90 {

@@ -1,6 +1,6 @@
 // MXFP8 attention forward on Hopper: FP8 wgmma (m64nNk32 e4m3), warp-specialized and persistent.
 // A work item is a (tile of 128 queries of one document, query head), in the work order of
-// core/work_order.h (each head's costliest tiles first); one CTA per SM takes items in turn from a
+// core/schedule.h (each head's costliest tiles first); one CTA per SM takes items in turn from a
 // counter (launch.cuh's launch_persistent). A CTA has three warpgroups:
 //   - warpgroup 0 is the producer: one warp finds each item's document, loads its Q tile (into one
 //     of two buffers, so the next item's Q lands while this one runs) with its rows' scale bytes,
@@ -33,18 +33,18 @@
 
 #include "core/operand_layout.h"
 #include "core/tiling.h"
-#include "cuda/document_span.cuh"
+#include "cuda/schedule/document_span.cuh"
+#include "cuda/schedule/launch.cuh"
+#include "cuda/schedule/work_items.cuh"
 #include "cuda/sm90/accumulator.cuh"
 #include "cuda/sm90/forward.h"
 #include "cuda/sm90/forward_tile.cuh"
 #include "cuda/sm90/fp8_math.cuh"
 #include "cuda/sm90/key_scales.cuh"
-#include "cuda/sm90/launch.cuh"
 #include "cuda/sm90/step_timeline.cuh"
 #include "cuda/sm90/tensor_map.h"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
-#include "cuda/sm90/work_items.cuh"
 #include "formats/scales.h"
 
 namespace flamia::cuda::sm90 {

@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-#include "cuda/sm90/work_items.cuh"  // kTileStreamers
+#include "cuda/sm90/tma.cuh"  // kTileStreamers
 
 namespace flamia::cuda::sm90::timeline {
 

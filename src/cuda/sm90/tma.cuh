@@ -1,6 +1,6 @@
 // The device side of warp-specialized pipelines on Hopper: transaction barriers (mbarrier), TMA
-// tile loads into shared memory, a ring of stages, and register reallocation between warpgroups.
-// Host-side tensor maps: tensor_map.h.
+// tile loads into shared memory, a ring of stages, consumer turns, register reallocation between
+// warpgroups and the warp roles (run_roles, the tile streamers). Host-side tensor maps: tensor_map.h.
 //
 // The pattern (forward.cu): a producer warp waits for a stage to be empty, announces the bytes TMA
 // will bring (expect_tx), issues the loads and arrives on the stage's "full" barrier; consumers
@@ -11,6 +11,7 @@
 #include <cuda.h>  // CUtensorMap
 
 #include <cstdint>
+#include <type_traits>
 
 namespace flamia::cuda::sm90 {
 
@@ -81,6 +82,7 @@ __device__ __forceinline__ void tma_load_transposed(const CUtensorMap& map, void
 // i / kStages, whose parity is the phase both barriers wait for.
 template <int kStages>
 struct StageRing {
+  static constexpr int kStageCount = kStages;
   uint64_t full[kStages], empty[kStages];
 
   // By one thread, before the CTA's barrier_init_fence and __syncthreads.
@@ -198,5 +200,37 @@ __device__ __forceinline__ ConsumerThread consumer_thread() {
   const int lane = int(threadIdx.x) % 32;
   return {int(threadIdx.x) / 128 - 1, int(threadIdx.x) / 32 - 4, lane, lane / 4, lane % 4};
 }
+
+// --- tile streamers ------------------------------------------------------------------------------
+// Each streamed tile is loaded by two producer warps on distinct SM sub-partitions, warps 0 and 2
+// of warpgroup 0 (the forward's and dQ's warp 1 publishes items; dK dV's streamer 0 does): a
+// producer warp's instructions take issue slots from the two consumer warps of its sub-partition,
+// and its per-tile work bounds how far it runs ahead (two streamers took 2-3% off the forward).
+// Streamer 0 issues the tile's TMA loads; each streamer stores its share of the tile's per-key (or
+// per-query) constants, then all its lanes arrive on the tile's "full" (kStreamerLanes arrivals).
+constexpr int kTileStreamers = 2;
+constexpr int kStreamerLanes = 32 * kTileStreamers;
+constexpr int kStreamerRoleWarps = 3;  // warps 0 .. 2 of warpgroup 0 take a producer's registers and role
+// Runs stream(std::integral_constant<int, s>{}) in streamer s's warp; false in any other warp.
+template <class Stream>
+__device__ __forceinline__ bool run_as_tile_streamer(Stream stream) {
+  const int warp = int(threadIdx.x) / 32;
+  if (warp == 0) {
+    stream(std::integral_constant<int, 0>{});
+    return true;
+  }
+  if (warp == 2) {
+    stream(std::integral_constant<int, 1>{});
+    return true;
+  }
+  return false;
+}
+// Streamer kStreamer's share of the kPerLane values that each lane stores per tile: j = kFirst ..
+// kFirst + kCount - 1.
+template <int kStreamer, int kPerLane>
+struct StreamerShare {
+  static constexpr int kCount = kPerLane / kTileStreamers, kFirst = kStreamer * kCount;
+  static_assert(kCount * kTileStreamers == kPerLane, "the streamers split each lane's values evenly");
+};
 
 }  // namespace flamia::cuda::sm90

@@ -1,12 +1,13 @@
 // The token range of one document, read from cu_seqlens on the device and clamped into
 // [0, total_tokens] (each end to at least its begin), so garbage offsets cannot make a kernel
 // index out of bounds (they give meaningless results instead; the host copy is what the C API
-// validates). And the work item of a CTA in a grid of document tile slots (core/document_slots.h).
+// validates). And the tile held by a slot of a grid of document tile slots (core/schedule.h), found
+// by one thread or by a whole warp.
 #pragma once
 
 #include <cstdint>
 
-#include "core/document_slots.h"
+#include "core/schedule.h"
 
 namespace flamia::cuda {
 
@@ -26,7 +27,7 @@ struct DocumentTile {
   int doc, tile, tiles;
 };
 
-// The first slot of document d, from its clamped start (core/document_slots.h).
+// The first slot of document d, from its clamped start (core/schedule.h).
 __device__ __forceinline__ int64_t clamped_first_slot(const int32_t* cu_seqlens, int d, int total_tokens, int unit) {
   return slots::first_slot(min(max(__ldg(cu_seqlens + d), 0), total_tokens), d, unit);
 }
@@ -43,7 +44,7 @@ __device__ __forceinline__ bool tile_of_document(const int32_t* cu_seqlens, int 
   return tile >= 0 && tile < out.tiles;
 }
 
-// The tile held by grid slot `slot` (core/document_slots.h), or false for an idle slot. Finds the
+// The tile held by grid slot `slot` (core/schedule.h), or false for an idle slot. Finds the
 // last document whose first slot is at or before `slot` by bisection over cu_seqlens (first slots
 // increase with the document index; with malformed cu_seqlens the answer is meaningless but
 // still a tile inside a clamped document).

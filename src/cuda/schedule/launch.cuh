@@ -1,16 +1,16 @@
-// Launching the Hopper attention kernels: one template instance per head dim, over a grid of
-// document tile slots (core/document_slots.h) x heads or persistent (one CTA per SM), with more
-// dynamic shared memory than the 48 KiB default (cudaFuncSetAttribute and the device queries are
-// legal during stream capture, so graphs still work).
+// Launching the attention kernels: over a grid of document tile slots (core/schedule.h) x heads, or
+// persistent (one CTA per SM taking work items, work_items.cuh), one template instance per head
+// dim, with more dynamic shared memory than the 48 KiB default (cudaFuncSetAttribute and the device
+// queries are legal during stream capture, so graphs still work).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <type_traits>
 
-#include "core/document_slots.h"
+#include "core/schedule.h"
 
-namespace flamia::cuda::sm90 {
+namespace flamia::cuda {
 
 // Lets `kernel` take smem_bytes of dynamic shared memory (above the 48 KiB default).
 template <class Args>
@@ -36,7 +36,7 @@ cudaError_t launch_over_tile_slots(void (*kernel)(Args), const Args& args, size_
 // written this way also runs as an ordinary grid of one CTA per item: its first claim ends it.)
 // The counter is zeroed on the stream before the launch (graph capture records a memset node).
 // `items` bounds the CTAs only: a kernel may stop sooner, at a count it reads on the device (the
-// work order's tiles x heads, core/work_order.h).
+// work order's tiles x heads, core/schedule.h).
 template <class Args>
 cudaError_t launch_persistent(void (*kernel)(Args), const Args& args, size_t smem_bytes, int threads, int64_t items,
                               int* counter, cudaStream_t stream) {
@@ -60,4 +60,4 @@ int for_head_dim(int head_dim, Launch launch) {
   return int(cudaErrorInvalidValue);
 }
 
-}  // namespace flamia::cuda::sm90
+}  // namespace flamia::cuda

@@ -1,18 +1,17 @@
 // The item loop of the persistent kernels (launch.cuh's launch_persistent): work items 0 .. items-1,
 // a CTA's first blockIdx.x, each next claimed from a counter (gridDim.x + atomicAdd), handed from
-// the producer warp to the consumer warpgroups through a ring of buffers (tma.cuh's StageRing: item
-// n in buffer n % kBuffers, with whatever the item brings along, e.g. its resident tiles).
+// the producer warp to the consumer warpgroups through a ring of buffers (item n in buffer
+// n % kBuffers, with whatever the item brings along, e.g. its resident tiles). The ring is the
+// kernel's: any Ring of kBuffers stages with stage(n), wait_empty / arrive_full (producer) and
+// wait_full / arrive_empty (consumers), as sm90/tma.cuh's StageRing.
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
-#include "cuda/document_span.cuh"
+#include "cuda/schedule/document_span.cuh"
 #include "cuda/schedule/work_order.cuh"
-#include "cuda/sm90/attention_shape.h"
-#include "cuda/sm90/tma.cuh"
 
-namespace flamia::cuda::sm90 {
+namespace flamia::cuda {
 
 __device__ __forceinline__ int first_work_item() { return int(blockIdx.x); }
 __device__ __forceinline__ int next_work_item(int* counter) { return int(gridDim.x) + atomicAdd(counter, 1); }
@@ -29,9 +28,10 @@ __device__ __forceinline__ int next_work_item(int* counter) { return int(gridDim
 // stores what it must), arrive on the buffer's "full" (all lanes), then stream(work, n, first_use)
 // its streamed tiles; the next item's claim is in flight meanwhile. After the last item, the next
 // buffer's item has 0 tiles.
-template <class Work, int kBuffers, class Info, class Find, class Publish, class Stream>
-__device__ __forceinline__ void produce_work_items(int* counter, int items, StageRing<kBuffers>& ring,
-                                                   Info (&infos)[kBuffers], Find find, Publish publish, Stream stream) {
+template <class Work, class Ring, int kBuffers, class Info, class Find, class Publish, class Stream>
+__device__ __forceinline__ void produce_work_items(int* counter, int items, Ring& ring, Info (&infos)[kBuffers],
+                                                   Find find, Publish publish, Stream stream) {
+  static_assert(Ring::kStageCount == kBuffers, "one item buffer per stage of the ring");
   const int lane = int(threadIdx.x) % 32;
   auto claim_next = [&] { return __shfl_sync(0xffffffffu, lane == 0 ? next_work_item(counter) : 0, 0); };
   int item = first_work_item(), first_use = 0;
@@ -57,9 +57,9 @@ __device__ __forceinline__ void produce_work_items(int* counter, int items, Stag
 // Each published item in turn, from one warp: wait for buffer n % kBuffers, take its item from infos
 // (0 tiles ends the loop), run(work, n, first_use), and with kRelease release the buffer (one
 // arrival per warp).
-template <class Work, bool kRelease, int kBuffers, class Info, class Run>
-__device__ __forceinline__ void for_each_published_item(StageRing<kBuffers>& ring, const Info (&infos)[kBuffers],
-                                                        Run run) {
+template <class Work, bool kRelease, class Ring, int kBuffers, class Info, class Run>
+__device__ __forceinline__ void for_each_published_item(Ring& ring, const Info (&infos)[kBuffers], Run run) {
+  static_assert(Ring::kStageCount == kBuffers, "one item buffer per stage of the ring");
   int first_use = 0;
   for (int n = 0;; ++n) {
     ring.wait_full(n);
@@ -72,8 +72,8 @@ __device__ __forceinline__ void for_each_published_item(StageRing<kBuffers>& rin
 }
 
 // Consumer side, per warp: each published item, run(work, n, first_use), then its buffer released.
-template <class Work, int kBuffers, class Info, class Run>
-__device__ __forceinline__ void consume_work_items(StageRing<kBuffers>& ring, const Info (&infos)[kBuffers], Run run) {
+template <class Work, class Ring, int kBuffers, class Info, class Run>
+__device__ __forceinline__ void consume_work_items(Ring& ring, const Info (&infos)[kBuffers], Run run) {
   for_each_published_item<Work, true>(ring, infos, run);
 }
 
@@ -81,51 +81,18 @@ __device__ __forceinline__ void consume_work_items(StageRing<kBuffers>& ring, co
 // global loads: the document search, per-row constants) overlaps streaming this item's tiles:
 // publish_work_items is produce_work_items with nothing to stream (one warp), stream_work_items
 // streams each item once its buffer is full (another warp; it does not release the buffer).
-template <class Work, int kBuffers, class Info, class Find, class Publish>
-__device__ __forceinline__ void publish_work_items(int* counter, int items, StageRing<kBuffers>& ring,
-                                                   Info (&infos)[kBuffers], Find find, Publish publish) {
+template <class Work, class Ring, int kBuffers, class Info, class Find, class Publish>
+__device__ __forceinline__ void publish_work_items(int* counter, int items, Ring& ring, Info (&infos)[kBuffers],
+                                                   Find find, Publish publish) {
   produce_work_items<Work>(counter, items, ring, infos, find, publish, [](const Work&, int, int) {});
 }
-template <class Work, int kBuffers, class Info, class Stream>
-__device__ __forceinline__ void stream_work_items(StageRing<kBuffers>& ring, const Info (&infos)[kBuffers],
-                                                  Stream stream) {
+template <class Work, class Ring, int kBuffers, class Info, class Stream>
+__device__ __forceinline__ void stream_work_items(Ring& ring, const Info (&infos)[kBuffers], Stream stream) {
   for_each_published_item<Work, false>(ring, infos, stream);
 }
 
-// Tile streamers: each streamed tile is loaded by two producer warps on distinct SM sub-partitions,
-// warps 0 and 2 of warpgroup 0 (the forward's and dQ's warp 1 publishes items; dK dV's streamer 0
-// does): a producer warp's instructions take issue
-// slots from the two consumer warps of its sub-partition, and its per-tile work bounds how far it
-// runs ahead (two streamers took 2-3% off the forward). Streamer 0 issues the tile's TMA loads; each
-// streamer stores its share of the tile's per-key (or per-query) constants, then all its lanes
-// arrive on the tile's "full" (kStreamerLanes arrivals).
-constexpr int kTileStreamers = 2;
-constexpr int kStreamerLanes = 32 * kTileStreamers;
-constexpr int kStreamerRoleWarps = 3;  // warps 0 .. 2 of warpgroup 0 take a producer's registers and role
-// Runs stream(std::integral_constant<int, s>{}) in streamer s's warp; false in any other warp.
-template <class Stream>
-__device__ __forceinline__ bool run_as_tile_streamer(Stream stream) {
-  const int warp = int(threadIdx.x) / 32;
-  if (warp == 0) {
-    stream(std::integral_constant<int, 0>{});
-    return true;
-  }
-  if (warp == 2) {
-    stream(std::integral_constant<int, 1>{});
-    return true;
-  }
-  return false;
-}
-// Streamer kStreamer's share of the kPerLane values that each lane stores per tile: j = kFirst ..
-// kFirst + kCount - 1.
-template <int kStreamer, int kPerLane>
-struct StreamerShare {
-  static constexpr int kCount = kPerLane / kTileStreamers, kFirst = kStreamer * kCount;
-  static_assert(kCount * kTileStreamers == kPerLane, "the streamers split each lane's values evenly");
-};
-
-// A (work order entry, query head) item of the tiles x heads numbering (core/work_order.h;
-// head-major: consecutive items share a head's K and V), as the forward and dQ use it: tiles of
+// A (work order entry, query head) item of the tiles x heads numbering (core/schedule.h; head-major:
+// consecutive items share a head's K and V), as the forward and dQ use it: tiles of
 // order::kWorkTile queries, each head's costliest first. Found by a whole warp.
 struct QueryTileItem {
   DocumentSpan span;
@@ -136,9 +103,10 @@ struct QueryTileItem {
     return ((causal ? min(q0 + rows, span.len) : span.len) - 1) / key_tile + 1;
   }
 };
-// tiles: the work order's tiles (*p.work_order_tiles), the items per head.
-__device__ __forceinline__ bool find_query_tile_item(const AttentionShape& p, int item, int tiles,
-                                                     QueryTileItem& out) {
+// p: the kernel's AttentionShape (cuda/sm90/attention_shape.h); tiles: the work order's tiles
+// (*p.work_order_tiles), the items per head.
+template <class Shape>
+__device__ __forceinline__ bool find_query_tile_item(const Shape& p, int item, int tiles, QueryTileItem& out) {
   DocumentTile tile;
   if (!ordered_tile<TileFrom::kStart>(p.work_order, p.cu_seqlens, p.total_tokens, item % tiles, tile)) return false;
   out.span = tile.span;
@@ -149,4 +117,4 @@ __device__ __forceinline__ bool find_query_tile_item(const AttentionShape& p, in
   return true;
 }
 
-}  // namespace flamia::cuda::sm90
+}  // namespace flamia::cuda
