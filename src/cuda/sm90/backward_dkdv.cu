@@ -444,7 +444,7 @@ __device__ __forceinline__ void produce_steps(const DkdvArgs& args, const DkdvWo
 // Work item `item`, found by a whole warp; false for an idle slot. The grid schedule numbers its
 // items as the grid's key tile slots x KV heads (head-major; within a document the first key tiles,
 // the costliest causal, first). The persistent schedule takes them in the work order of
-// core/work_order.h (the entries before the idle ones x KV heads, head-major: each head's
+// core/schedule.h (the entries before the idle ones x KV heads, head-major: each head's
 // costliest key tiles over all documents first): on the short documents that run it (8192+224x256:
 // dK dV -5%, H200). The grid schedule keeps the slot order: there the work order made
 // the equal-length rows 2.5-4% slower (16x4096, 8x8192), with 16 documents' Q and dO in flight at
