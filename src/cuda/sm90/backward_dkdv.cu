@@ -374,6 +374,31 @@ __device__ __forceinline__ void interior_pu_grouped(const float (&s)[kQueryTile 
   for (int r = 0; r < 2; ++r) amax[r] = fmaxf(part_max[r][0], part_max[r][1]);
 }
 
+// The visible pairs of a masked step: key row r sees queries q_first[r] <= q0 + i < len.
+struct VisiblePairs {
+  int q0, q_first0, q_first1, len;
+  __device__ bool operator()(int i, int r) const { return visible(q0 + i, r ? q_first1 : q_first0, len); }
+};
+// U~'s codes for the dQ partial, E4M3((U 2^eq) 2^ek_j 2^(-eq_i - sigma_i)) from e = U 2^eq (dK's,
+// before tau), four per word as store_u_transposed takes them; kMasked: 0 on invisible pairs.
+template <bool kMasked>
+__device__ __forceinline__ void dq_partials_u_codes(const float (&e)[kQueryTile / 2], const QueryTileConsts& qc,
+                                                    const float (&k_pow)[2], int t, const VisiblePairs& pairs,
+                                                    uint32_t (&u_words)[kQueryTile / 8]) {
+#pragma unroll
+  for (int n = 0; n < kQueryTile / 8; ++n) {
+    const float2 fold = *reinterpret_cast<const float2*>(qc.dq_fold + 8 * n + 2 * t);
+    float x[4];
+#pragma unroll
+    for (int el = 0; el < 4; ++el) {
+      const int r = el >> 1, i = 8 * n + 2 * t + (el & 1);
+      x[el] = e[4 * n + el] * k_pow[r] * ((el & 1) ? fold.y : fold.x);
+      if (kMasked) x[el] = pairs(i, r) ? x[el] : 0.f;
+    }
+    u_words[n] = pack_e4m3x4(x[0], x[1], x[2], x[3]);
+  }
+}
+
 // --- producer ----------------------------------------------------------------------------------
 // The item's interior K and V rows into the interior buffer (use m of its ring), once the previous
 // item's consumers are done with it, by the interior loader warp (warp 1 of warpgroup 0; lane 0:
@@ -634,18 +659,9 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
       uint32_t u_words[kQueryTile / 8];
       float k_pow[2];  // 2^ek_j, read again at each step rather than held in registers through the loop
       for (int r = 0; r < 2; ++r) k_pow[r] = pow2_of_scale(sm.info[b].k_scale[block_keys[r]]);
-#pragma unroll
-      for (int n = 0; n < kQueryTile / 8; ++n) {
-        const float2 fold = *reinterpret_cast<const float2*>(st.consts.dq_fold + 8 * n + 2 * t);
-        float x[4];
-#pragma unroll
-        for (int el = 0; el < 4; ++el) {
-          const int r = el >> 1, i = 8 * n + 2 * t + (el & 1);
-          x[el] = e[4 * n + el] * k_pow[r] * ((el & 1) ? fold.y : fold.x);
-          if (!interior) x[el] = visible(q0 + i, q_first[r], d.len) ? x[el] : 0.f;
-        }
-        u_words[n] = pack_e4m3x4(x[0], x[1], x[2], x[3]);
-      }
+      // Interior steps have no invisible pair: a loop of their own without the selects.
+      if (interior) dq_partials_u_codes<false>(e, st.consts, k_pow, t, VisiblePairs{}, u_words);
+      else dq_partials_u_codes<true>(e, st.consts, k_pow, t, VisiblePairs{q0, q_first[0], q_first[1], d.len}, u_words);
       dq_partials::store_u_transposed<kQueryTile>(smem_address(sm.tail.partials.u[use & 1]), u_words, warp, lane);
       dq_partials::fence_shared_for_async();
     }
