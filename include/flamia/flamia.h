@@ -78,7 +78,9 @@ typedef enum flamia_offsets_error {
  * by the device with one 16-byte store. Owned by the caller (the library keeps no state): device
  * memory, or mapped pinned host memory (cudaHostAlloc; under unified addressing its host pointer),
  * which the host can then read without a CUDA call once the call's work is done. Zero it before
- * first use; one word may serve many calls and streams (the first violation recorded wins). */
+ * first use; one word may serve many calls and streams: the first violation recorded stays (the
+ * device checks the word, then stores, without atomics, which mapped host memory does not offer:
+ * of calls that find violations at the same moment on two streams, one record stays). */
 typedef struct flamia_offsets_status {
   int32_t error; /* flamia_offsets_error; FLAMIA_OFFSETS_OK: nothing recorded */
   int32_t index; /* the first entry of cu_seqlens that breaks the rule */
