@@ -1,7 +1,8 @@
 /* flamia: microscaled (MXFP8), causally safe attention over packed documents — C API.
  *
- * Every call takes device pointers and a CUDA stream, allocates nothing, never synchronizes the
- * host, and so can be captured in a CUDA graph. Errors come back as a status code plus a message
+ * Every attention call takes device pointers and a CUDA stream, allocates nothing, never
+ * synchronizes the host, and so can be captured in a CUDA graph (flamia_check_offsets_status, which
+ * reads a status word back, is the one function that waits for the device). Errors come back as a status code plus a message
  * naming the bad argument, written into a caller-owned flamia_error (no global state). What only
  * the device can see, malformed device cu_seqlens, is recorded in a caller-owned status word
  * (flamia_documents.status) and poisons the call's outputs with NaN: see "Offsets found malformed
