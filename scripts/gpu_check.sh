@@ -124,7 +124,7 @@ if [ "$RUN_TESTS" -eq 0 ]; then
   :
 elif [ "$install_ok" -eq 1 ]; then
   # From the repo root, `import flamia` finds the installed package (python/ is not on the path).
-  run_step "pytest (torch op, transformers)" "$PYTHON" -m pytest -q -rs tests/python/test_torch_op.py \
+  run_step "pytest (torch op, transformers)" "$PYTHON" -m pytest -q -rs tests/python/test_torch_op.py tests/python/test_torch_offsets.py \
     tests/python/test_hf_integration.py tests/python/test_leak_attention.py
 else
   skip_step "pytest (torch op, transformers)" "pip install failed"

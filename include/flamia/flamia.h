@@ -1,8 +1,12 @@
 /* flamia: microscaled (MXFP8), causally safe attention over packed documents — C API.
  *
- * Every call takes device pointers and a CUDA stream, allocates nothing, never synchronizes the
- * host, and so can be captured in a CUDA graph. Errors come back as a status code plus a message
- * naming the bad argument, written into a caller-owned flamia_error (no global state).
+ * Every attention call takes device pointers and a CUDA stream, allocates nothing, never
+ * synchronizes the host, and so can be captured in a CUDA graph (flamia_check_offsets_status, which
+ * reads a status word back, is the one function that waits for the device). Errors come back as a status code plus a message
+ * naming the bad argument, written into a caller-owned flamia_error (no global state). What only
+ * the device can see, malformed device cu_seqlens, is recorded in a caller-owned status word
+ * (flamia_documents.status) and poisons the call's outputs with NaN: see "Offsets found malformed
+ * on the device" below.
  *
  * Layout (like flash_attn_varlen_func): q [T, Hq, D], k and v [T, Hkv, D], o [T, Hq, D], BF16,
  * the feature axis contiguous; lse [Hq, T] FP32 (natural log); cu_seqlens int32 [num_docs + 1]
@@ -22,7 +26,7 @@ extern "C" {
  * function's signature below changes, so that a binding that mirrors the structs (the Python
  * package's ctypes layer checks it when it loads the library) refuses a library built from other
  * headers instead of handing it structs it would misread. */
-#define FLAMIA_ABI_VERSION 2
+#define FLAMIA_ABI_VERSION 3
 /* FLAMIA_ABI_VERSION as the library was built. */
 int flamia_abi_version(void);
 /* The library's version, "major.minor.patch". */
@@ -49,13 +53,57 @@ typedef struct flamia_tensor {
   int64_t stride_token, stride_head;
 } flamia_tensor;
 
-/* Document boundaries. cu_seqlens lives on the device; cu_seqlens_host, when not NULL, is a host
- * copy that the call validates (start 0, non-decreasing, ends at T) without touching the device. */
+/* ---- Offsets found malformed on the device --------------------------------------------------
+ * cu_seqlens [num_docs + 1] describes T packed tokens when cu[0] == 0, every entry lies in [0, T],
+ * no entry is smaller than the one before, and cu[num_docs] == T. Every call checks its device
+ * cu_seqlens on the device, in a kernel it runs anyway (the work order builder, the call's first
+ * kernel): no extra launch and no host synchronization, so calls stay capturable in CUDA graphs and
+ * a graph replay checks the offsets it finds then. On a violation the call
+ *   - computes nothing from the offsets: every later kernel of the call sees no document;
+ *   - writes NaN into every element of its outputs (o and lse; dq, dk and dv);
+ *   - records the first bad entry in docs->status, when it is not NULL and holds no record yet
+ *     (error == FLAMIA_OFFSETS_OK): the first record stays until the caller clears it.
+ * The call itself returns FLAMIA_SUCCESS (it cannot know without waiting for the device): read the
+ * status word when the work is done, e.g. with flamia_check_offsets_status. To check before
+ * launching instead, pass a host copy in docs->cu_seqlens_host (or call flamia_validate_cu_seqlens):
+ * the same rule and the same message, as FLAMIA_ERROR_INVALID_ARGUMENT from the call at once. */
+typedef enum flamia_offsets_error {
+  FLAMIA_OFFSETS_OK = 0,
+  FLAMIA_OFFSETS_FIRST_NOT_ZERO = 1, /* cu_seqlens[0] != 0 */
+  FLAMIA_OFFSETS_OUT_OF_RANGE = 2,   /* an entry below 0 or above T */
+  FLAMIA_OFFSETS_DECREASING = 3,     /* cu_seqlens[index] < cu_seqlens[index - 1] */
+  FLAMIA_OFFSETS_LAST_NOT_TOTAL = 4  /* cu_seqlens[num_docs] != T (every entry in range: it ends early) */
+} flamia_offsets_error;
+
+/* The status word: the first bad entry of a malformed cu_seqlens and its values. 16 bytes, written
+ * by the device with one 16-byte store. Owned by the caller (the library keeps no state): device
+ * memory, or mapped pinned host memory (cudaHostAlloc; under unified addressing its host pointer),
+ * which the host can then read without a CUDA call once the call's work is done. Zero it before
+ * first use; one word may serve many calls and streams: the first violation recorded stays (the
+ * device checks the word, then stores, without atomics, which mapped host memory does not offer:
+ * of calls that find violations at the same moment on two streams, one record stays). */
+typedef struct flamia_offsets_status {
+  int32_t error; /* flamia_offsets_error; FLAMIA_OFFSETS_OK: nothing recorded */
+  int32_t index; /* the first entry of cu_seqlens that breaks the rule */
+  int32_t value; /* cu_seqlens[index] */
+  int32_t bound; /* DECREASING: cu_seqlens[index - 1]; OUT_OF_RANGE and LAST_NOT_TOTAL: T; FIRST_NOT_ZERO: 0 */
+} flamia_offsets_status;
+
+/* Document boundaries. cu_seqlens lives on the device and is checked there (above); cu_seqlens_host,
+ * when not NULL, is a host copy that the call validates before it launches anything, without
+ * touching the device. */
 typedef struct flamia_documents {
   const int32_t* cu_seqlens;
   const int32_t* cu_seqlens_host;
   int32_t num_docs;
-  int32_t max_seqlen; /* >= the longest document (validated; the kernels' grids no longer need it) */
+  /* A bound on the document lengths, in [1, T]. The results never depend on it: it only picks the
+   * launch shape of the fold reference's scan, and both shapes scan every document whole, so a
+   * bound below the longest document still gives the same bytes. The device does not check it;
+   * the host copy's check refuses a bound below the longest document (a sign that max_seqlen and
+   * cu_seqlens come from different batches). */
+  int32_t max_seqlen;
+  flamia_offsets_status* status; /* where the device records malformed cu_seqlens (above); 16-byte
+                                    aligned, or NULL: no record (the outputs are NaN all the same) */
 } flamia_documents;
 
 typedef struct flamia_options {
@@ -80,6 +128,27 @@ typedef struct flamia_error {
 
 void flamia_default_options(flamia_options* options);
 const char* flamia_status_name(flamia_status status);
+
+/* What a status word's record says (record in host memory; no CUDA call): FLAMIA_SUCCESS when it
+ * holds none, else FLAMIA_ERROR_INVALID_ARGUMENT and a message naming the entry and its values in
+ * error, the message the host check gives for the same offsets. */
+flamia_status flamia_offsets_status_message(const flamia_offsets_status* record, flamia_error* error);
+
+/* The host check of a host copy of cu_seqlens (num_docs + 1 entries) for T = total_tokens packed
+ * tokens: the device's rule, then, when max_seqlen > 0, that max_seqlen is at least the longest
+ * document (as docs->cu_seqlens_host's check). FLAMIA_SUCCESS, or FLAMIA_ERROR_INVALID_ARGUMENT with
+ * the message; record (may be NULL) receives what the device would record (zeros when valid, and
+ * for a max_seqlen below the longest document, which the device does not check). No CUDA call. */
+flamia_status flamia_validate_cu_seqlens(const int32_t* cu_seqlens_host, int32_t num_docs, int64_t total_tokens,
+                                         int32_t max_seqlen, flamia_offsets_status* record, flamia_error* error);
+
+/* Reads a status word (device memory or mapped pinned host memory) after the work queued on stream:
+ * copies it on stream and waits for the stream, so this call synchronizes the host (the one call of
+ * this API that does). FLAMIA_SUCCESS when no violation is recorded; FLAMIA_ERROR_INVALID_ARGUMENT
+ * and the record's message when one is; FLAMIA_ERROR_CUDA when a copy fails. clear != 0 also resets
+ * a recorded word to zeros (on stream, waited for), so the next violation is recorded. Work on other
+ * streams that may write the word must be done first (e.g. cudaDeviceSynchronize). */
+flamia_status flamia_check_offsets_status(flamia_offsets_status* status, int clear, void* stream, flamia_error* error);
 
 /* Bytes of device workspace flamia_forward needs (E4M3 codes and UE8M0 scales of q, k, v, and V's
  * running scale max). Depends only on the shapes, docs->num_docs and the options (data pointers,

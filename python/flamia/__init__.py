@@ -8,7 +8,7 @@ op ``torch.ops.flamia.attention_forward``); ``flamia._capi`` is the ctypes layer
 from ._capi import FlamiaError
 
 __version__ = "0.1.0"
-__all__ = ["attention", "FlamiaError", "__version__"]
+__all__ = ["attention", "check_errors", "FlamiaError", "__version__"]
 
 try:
     import torch as _torch  # noqa: F401
@@ -16,8 +16,11 @@ except ImportError:  # the ctypes layer works without PyTorch; the op does not
     _torch = None
 
 if _torch is not None:
-    from .ops import attention  # registers torch.ops.flamia.attention_forward
+    from .ops import attention, check_errors  # registers torch.ops.flamia.attention_forward
 else:
 
     def attention(*args, **kwargs):
         raise ImportError("flamia.attention needs PyTorch (import torch failed)")
+
+    def check_errors(device=None):
+        raise ImportError("flamia.check_errors needs PyTorch (import torch failed)")

@@ -22,6 +22,7 @@ __all__ = [
     "Documents",
     "Options",
     "Error",
+    "OffsetsStatus",
     "library",
     "library_path",
     "library_version",
@@ -35,6 +36,9 @@ __all__ = [
     "backward_workspace_size",
     "backward",
     "check",
+    "offsets_status_message",
+    "validate_cu_seqlens",
+    "check_offsets_status",
     "SUCCESS",
     "ERROR_INVALID_ARGUMENT",
     "ERROR_NOT_SUPPORTED",
@@ -46,13 +50,14 @@ __all__ = [
     "ISOLATION",
     "SCALE_GEOMETRY",
     "SCALE_RULE",
+    "OFFSETS_ERRORS",
 ]
 
 LIBRARY_NAME = "libflamia_capi.so"
 ENV_LIBRARY = "FLAMIA_CAPI_LIB"
 # FLAMIA_ABI_VERSION of the header these bindings mirror (include/flamia/flamia.h): a library built
 # from another is refused when it loads, rather than handed structs it would misread.
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 # enum flamia_status
 SUCCESS = 0
@@ -73,6 +78,20 @@ DTYPE_BF16 = 0
 DTYPE_FP16 = 1
 DTYPE_FP32 = 2
 
+# enum flamia_offsets_error: what the device (or the host check) found wrong with cu_seqlens.
+OFFSETS_OK = 0
+OFFSETS_FIRST_NOT_ZERO = 1
+OFFSETS_OUT_OF_RANGE = 2
+OFFSETS_DECREASING = 3
+OFFSETS_LAST_NOT_TOTAL = 4
+OFFSETS_ERRORS = {
+    OFFSETS_OK: "FLAMIA_OFFSETS_OK",
+    OFFSETS_FIRST_NOT_ZERO: "FLAMIA_OFFSETS_FIRST_NOT_ZERO",
+    OFFSETS_OUT_OF_RANGE: "FLAMIA_OFFSETS_OUT_OF_RANGE",
+    OFFSETS_DECREASING: "FLAMIA_OFFSETS_DECREASING",
+    OFFSETS_LAST_NOT_TOTAL: "FLAMIA_OFFSETS_LAST_NOT_TOTAL",
+}
+
 # The Python spellings of the option enums (flamia_isolation, flamia_scale_geometry,
 # flamia_scale_rule) and their C values.
 ISOLATION = {"document": 0, "prefix": 1}
@@ -85,7 +104,11 @@ _c_enum = ctypes.c_int
 
 class FlamiaError(RuntimeError):
     """A C API call failed: ``status`` is the flamia_status value, ``message`` the C message
-    (it names the bad argument), ``status_name`` e.g. ``"FLAMIA_ERROR_INVALID_ARGUMENT"``."""
+    (it names the bad argument), ``status_name`` e.g. ``"FLAMIA_ERROR_INVALID_ARGUMENT"``. For
+    malformed cu_seqlens, ``offsets`` is the record (error, index, value, bound) of
+    flamia_offsets_status; None otherwise."""
+
+    offsets = None
 
     def __init__(self, status, message):
         self.status = int(status)
@@ -126,19 +149,38 @@ def _int32(value, name):
     return value
 
 
+class OffsetsStatus(ctypes.Structure):
+    """struct flamia_offsets_status: the status word in which the device records the first bad
+    entry of a malformed cu_seqlens (error 0: nothing recorded). 16 bytes; the memory the device
+    writes must be 16-byte aligned."""
+
+    _fields_ = [
+        ("error", ctypes.c_int32),  # flamia_offsets_error
+        ("index", ctypes.c_int32),  # the first bad entry
+        ("value", ctypes.c_int32),  # cu_seqlens[index]
+        ("bound", ctypes.c_int32),  # cu_seqlens[index - 1] (decreasing) or T (out of range, last entry)
+    ]
+
+    def as_tuple(self):
+        return (self.error, self.index, self.value, self.bound)
+
+
 class Documents(ctypes.Structure):
-    """struct flamia_documents: device cu_seqlens (+ optional host copy), num_docs, max_seqlen.
-    num_docs and max_seqlen must fit int32 (ValueError otherwise; the C API checks the rest)."""
+    """struct flamia_documents: device cu_seqlens (+ optional host copy), num_docs, max_seqlen and
+    the status word the device records malformed offsets in (an address, or None). num_docs and
+    max_seqlen must fit int32 (ValueError otherwise; the C API checks the rest)."""
 
     _fields_ = [
         ("cu_seqlens", ctypes.c_void_p),  # const int32_t*, device
         ("cu_seqlens_host", ctypes.c_void_p),  # const int32_t*, host, may be NULL
         ("num_docs", ctypes.c_int32),
         ("max_seqlen", ctypes.c_int32),
+        ("status", ctypes.c_void_p),  # flamia_offsets_status*, device-writable, may be NULL
     ]
 
-    def __init__(self, cu_seqlens=None, cu_seqlens_host=None, num_docs=0, max_seqlen=0):
-        super().__init__(cu_seqlens, cu_seqlens_host, _int32(num_docs, "num_docs"), _int32(max_seqlen, "max_seqlen"))
+    def __init__(self, cu_seqlens=None, cu_seqlens_host=None, num_docs=0, max_seqlen=0, status=None):
+        super().__init__(cu_seqlens, cu_seqlens_host, _int32(num_docs, "num_docs"), _int32(max_seqlen, "max_seqlen"),
+                         status)
 
 
 class Options(ctypes.Structure):
@@ -163,7 +205,8 @@ class Error(ctypes.Structure):
 
 # The layout the C compiler gives these structs on x86-64 / aarch64 Linux (LP64).
 assert ctypes.sizeof(Tensor) == 56 and Tensor.tokens.offset == 16 and Tensor.stride_head.offset == 48
-assert ctypes.sizeof(Documents) == 24 and Documents.num_docs.offset == 16 and Documents.max_seqlen.offset == 20
+assert ctypes.sizeof(Documents) == 32 and Documents.num_docs.offset == 16 and Documents.status.offset == 24
+assert ctypes.sizeof(OffsetsStatus) == 16 and OffsetsStatus.bound.offset == 12
 assert ctypes.sizeof(Options) == 28 and Options.p_boost_log2.offset == 20 and Options.deterministic.offset == 24
 assert ctypes.sizeof(Error) == 512
 
@@ -277,6 +320,15 @@ def _declare(lib):
         ptr(Error),
     ]
     lib.flamia_backward_saved.restype = _c_enum
+    lib.flamia_offsets_status_message.argtypes = [ptr(OffsetsStatus), ptr(Error)]
+    lib.flamia_offsets_status_message.restype = _c_enum
+    lib.flamia_validate_cu_seqlens.argtypes = [
+        ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int32,  # cu_seqlens_host, num_docs, T, max_seqlen
+        ptr(OffsetsStatus), ptr(Error),
+    ]
+    lib.flamia_validate_cu_seqlens.restype = _c_enum
+    lib.flamia_check_offsets_status.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ptr(Error)]
+    lib.flamia_check_offsets_status.restype = _c_enum
     return lib
 
 
@@ -442,4 +494,52 @@ def backward_saved(q, k, v, o, lse_ptr, dout, docs, options, saved_ptr, saved_by
         ctypes.c_size_t(int(saved_bytes)), ctypes.byref(dq), ctypes.byref(dk), ctypes.byref(dv),
         ctypes.c_void_p(int(workspace_ptr)), ctypes.c_size_t(int(workspace_bytes)), ctypes.c_void_p(int(stream)),
         ctypes.byref(error))
+    check(status, error)
+
+
+def offsets_status_message(record):
+    """What a status word's record (an OffsetsStatus) says: None when it holds no record, else the
+    message naming the first bad entry of cu_seqlens and its values (the host check's message for
+    the same offsets). No CUDA call."""
+    error = Error()
+    status = library().flamia_offsets_status_message(ctypes.byref(record), ctypes.byref(error))
+    if status == SUCCESS:
+        return None
+    return error.message.decode("utf-8", errors="replace")
+
+
+def validate_cu_seqlens(cu_seqlens_host, total_tokens, max_seqlen=0):
+    """The host check of cu_seqlens (a sequence of ints, num_docs + 1 of them) for total_tokens packed
+    tokens, with the device check's rule, and (max_seqlen > 0) max_seqlen >= the longest document.
+    Returns the record the device would write (an OffsetsStatus, zeros when valid); raises
+    FlamiaError (ERROR_INVALID_ARGUMENT) naming the first bad entry and its values, with that record
+    in ``error.offsets`` (zeros for a max_seqlen below the longest document). No CUDA call."""
+    values = [int(x) for x in cu_seqlens_host]
+    if len(values) < 2:
+        raise FlamiaError(ERROR_INVALID_ARGUMENT,
+                          f"cu_seqlens must hold at least 2 entries (one document), got {len(values)}")
+    for i, x in enumerate(values):
+        if not INT32_MIN <= x <= INT32_MAX:
+            raise FlamiaError(ERROR_INVALID_ARGUMENT, f"cu_seqlens[{i}] = {x} does not fit int32")
+    array = (ctypes.c_int32 * len(values))(*values)
+    record, error = OffsetsStatus(), Error()
+    status = library().flamia_validate_cu_seqlens(
+        ctypes.cast(array, ctypes.c_void_p), _int32(len(values) - 1, "num_docs"), ctypes.c_int64(int(total_tokens)),
+        _int32(max_seqlen, "max_seqlen"), ctypes.byref(record), ctypes.byref(error))
+    try:
+        check(status, error)
+    except FlamiaError as e:
+        e.offsets = record.as_tuple()
+        raise
+    return record
+
+
+def check_offsets_status(status_ptr, clear=False, stream=0):
+    """flamia_check_offsets_status: reads the status word at status_ptr (device memory or mapped
+    pinned host memory) after the work queued on stream, waiting for it (a synchronization), and
+    raises FlamiaError with the record's message when it holds one (clearing it when clear)."""
+    error = Error()
+    status = library().flamia_check_offsets_status(ctypes.c_void_p(int(status_ptr) if status_ptr else None),
+                                                   1 if clear else 0, ctypes.c_void_p(int(stream)),
+                                                   ctypes.byref(error))
     check(status, error)

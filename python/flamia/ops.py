@@ -10,19 +10,80 @@ the custom ops.
 The ops call the C API (``flamia_forward``, ``flamia_backward``) through ctypes on torch's current
 CUDA stream. They allocate their outputs and workspaces with torch (so CUDA graph capture uses the
 graph's memory pool), never synchronize the host and never read device memory from the host.
+
+Malformed cu_seqlens are found on the device by each call (python/flamia/_status.py): the call's
+outputs are NaN, and the record in the device's status word (pinned host memory, one per device,
+which the kernels write through its mapping) is raised as a FlamiaError by the next op that
+starts after it reached the host, or by ``check_errors()``. ``validate="sync"`` checks on the host
+before launching instead.
 """
 
 import functools
 import math
+import threading
 
 import torch
 
 from . import _capi
+from . import _status
 from ._capi import FlamiaError
 from ._checks import check_devices
 
 __all__ = ["attention", "attention_forward", "attention_backward", "attention_forward_train",
-           "attention_backward_saved", "FlamiaError"]
+           "attention_backward_saved", "check_errors", "FlamiaError"]
+
+_status_lock = threading.Lock()
+_status_words = {}  # device index -> _status.StatusWord
+
+
+def _device_index(device):
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"flamia.check_errors: device must be a CUDA device, got {device}")
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+def _status_word(device):
+    """The status word of a CUDA device: 16 bytes of pinned host memory (the device writes them
+    through the mapping that pinned memory has under unified addressing), made on first use. Calls
+    on every stream of the device share it; the first violation recorded stays until reported."""
+    index = _device_index(device)
+    word = _status_words.get(index)
+    if word is None:
+        with _status_lock:
+            word = _status_words.get(index)
+            if word is None:
+                buffer = torch.zeros(4, dtype=torch.int32, pin_memory=True)
+                word = _status.StatusWord(buffer.data_ptr(), buffer, f"cuda:{index}")
+                _status_words[index] = word
+    return word
+
+
+def _raise_pending(word, device):
+    """Raise the FlamiaError of a record that reached the host (after waiting for the device, so the
+    record is whole); nothing, without a CUDA call, when there is none. While a CUDA graph is
+    captured the device cannot be waited for: the record then stays for the next call or
+    check_errors()."""
+    if word.pending() and not torch.cuda.is_current_stream_capturing():
+        torch.cuda.synchronize(device)
+        raise word.error()
+
+
+def check_errors(device=None):
+    """Raise FlamiaError for malformed cu_seqlens that an earlier flamia call found on the device
+    (the error names the first bad entry and its values; the call's outputs are NaN). Waits for the
+    device first (torch.cuda.synchronize), so every call launched before this one has been checked.
+    device: a CUDA device (index, string or torch.device); None: every device flamia has run on.
+    Reporting clears the record: the next violation is recorded afresh."""
+    indices = sorted(_status_words) if device is None else [_device_index(device)]
+    for index in indices:
+        word = _status_words.get(index)
+        if word is None:
+            continue
+        torch.cuda.synchronize(index)
+        error = word.error()
+        if error is not None:
+            raise error
 
 
 def _check_tensor(t, name, dtype, ndim):
@@ -137,12 +198,13 @@ def _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule, det
     return options
 
 
-def _c_documents(cu_seqlens, max_seqlen):
+def _c_documents(cu_seqlens, max_seqlen, status):
     """The device copy only: no host copy, so no device-to-host transfer (the C call checks every
-    property of cu_seqlens that it can without reading device memory). max_seqlen is clamped into
-    int32, so an out-of-range value reaches the C check instead of wrapping."""
+    property of cu_seqlens that it can without reading device memory, the device the rest, into the
+    status word `status`). max_seqlen is clamped into int32, so an out-of-range value reaches the C
+    check instead of wrapping."""
     max_seqlen = max(min(int(max_seqlen), 2**31 - 1), -(2**31))
-    return _capi.Documents(cu_seqlens.data_ptr(), None, cu_seqlens.shape[0] - 1, max_seqlen)
+    return _capi.Documents(cu_seqlens.data_ptr(), None, cu_seqlens.shape[0] - 1, max_seqlen, status.address)
 
 
 def _run_forward(q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry, scale_rule,
@@ -151,6 +213,8 @@ def _run_forward(q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolati
     the workspace; launch(q, k, v, docs, options, o, lse, workspace, nbytes, stream) calls the C API.
     Returns (o, lse)."""
     _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
+    status = _status_word(q.device)
+    _raise_pending(status, q.device)
     tokens, q_heads, dim = q.shape
     q, k, v = _kernel_layout(q), _kernel_layout(k), _kernel_layout(v)
     if cu_seqlens.stride(0) != 1:
@@ -160,7 +224,7 @@ def _run_forward(q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolati
     lse = torch.empty((q_heads, tokens), dtype=torch.float32, device=q.device)
     numerics = (causal, softmax_scale, isolation, scale_geometry, scale_rule)
     options = _c_options(*numerics)
-    docs = _c_documents(cu_seqlens, max_seqlen)
+    docs = _c_documents(cu_seqlens, max_seqlen, status)
     with torch.cuda.device(q.device):
         nbytes = _buffer_bytes(workspace_kind, tokens, q_heads, k.shape[1], dim, docs.num_docs, numerics)
         # The caching allocator returns 512-byte aligned blocks (the C API needs 256).
@@ -213,6 +277,8 @@ def _run_backward(dout, o, lse, cu_seqlens, max_seqlen, kv_heads, causal, softma
     _check_tensor(o, "o", torch.bfloat16, 3)
     _check_tensor(lse, "lse", torch.float32, 2)
     check_devices("attention_backward", "dout", dout, o=o, lse=lse, cu_seqlens=cu_seqlens)
+    status = _status_word(dout.device)
+    _raise_pending(status, dout.device)
     tokens, q_heads, dim = dout.shape
     o, dout = _kernel_layout(o), _kernel_layout(dout)
     if lse.shape != (q_heads, tokens):
@@ -227,7 +293,7 @@ def _run_backward(dout, o, lse, cu_seqlens, max_seqlen, kv_heads, causal, softma
     dv = torch.empty((tokens, kv_heads, dim), dtype=torch.bfloat16, device=dout.device)
     numerics = (causal, softmax_scale, isolation, scale_geometry, scale_rule)
     options = _c_options(*numerics, deterministic=deterministic)
-    docs = _c_documents(cu_seqlens, max_seqlen)
+    docs = _c_documents(cu_seqlens, max_seqlen, status)
     with torch.cuda.device(dout.device):
         nbytes = _buffer_bytes(workspace_kind, tokens, q_heads, kv_heads, dim, docs.num_docs, numerics)
         workspace = torch.empty((nbytes,), dtype=torch.uint8, device=dout.device)
@@ -473,16 +539,37 @@ def _plain_eager(*tensors):
     return not function_mode_enabled() and current_dispatch_mode() is None
 
 
+def _check_offsets_now(cu_seqlens, total_tokens, max_seqlen, validate):
+    """validate="sync": cu_seqlens copied to the host (a synchronization) and checked there, with
+    the device's rule and message, before anything is launched. Not possible while a CUDA graph is
+    captured or torch.compile traces: then an explicit validate="sync" is a ValueError, and the
+    environment's FLAMIA_VALIDATE=sync leaves the call to the device's check."""
+    if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+        if validate == "sync":
+            raise ValueError("flamia.attention: validate='sync' copies cu_seqlens to the host, which a CUDA graph "
+                             "capture or torch.compile cannot do; use the default validate='async' there (the "
+                             "device checks every call, replays included)")
+        return
+    _status.check_offsets_on_host(cu_seqlens.tolist(), total_tokens, int(max_seqlen))
+
+
 def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, isolation="document",
-              scale_geometry="block32", scale_rule="ceil", return_lse=False, save_codes=True, deterministic=None):
+              scale_geometry="block32", scale_rule="ceil", return_lse=False, save_codes=True, deterministic=None,
+              validate=None):
     """MXFP8, causally safe attention over packed variable-length documents.
 
     Args:
         q: BF16 CUDA tensor [T, Hq, D] (D in {64, 128}); any strides with the last dim contiguous
             (rows that are not 16-byte aligned are copied first).
         k, v: BF16 CUDA tensors [T, Hkv, D], Hq a multiple of Hkv (MHA, GQA, MQA).
-        cu_seqlens: int32 CUDA tensor [num_docs + 1], document boundaries (0 ... T).
-        max_seqlen: Python int >= the longest document.
+        cu_seqlens: int32 CUDA tensor [num_docs + 1], document boundaries (0 ... T, non-decreasing).
+            Checked on the device by every call, without waiting for it: malformed offsets make
+            every output NaN (o, lse, and the gradients of the backward) and raise FlamiaError
+            naming the first bad entry and its values from the next flamia call that starts after
+            the device found them, or from flamia.check_errors().
+        max_seqlen: Python int, a bound on the document lengths in [1, T]. The results do not depend
+            on it (it picks a launch shape); validate="sync" also checks that it is at least the
+            longest document.
         causal: causal mask inside each document (default True).
         softmax_scale: None (default) for 1/sqrt(D), else a finite number > 0 that stays > 0 in
             float32 (0, negative values and e.g. 1e-50 raise ValueError).
@@ -503,6 +590,11 @@ def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, 
             element of q, k and v, 2 more per element of k and v in prefix isolation with block32
             geometry) for the backward instead of q, k and v themselves, so the
             backward does not quantize them again (default True; same gradients bitwise).
+        validate: "async" (the device's check above), "sync" (cu_seqlens copied to the host and
+            checked before anything is launched: FlamiaError at once, with the same message; a
+            synchronization, for debugging; not under CUDA graph capture or torch.compile), or None
+            (default): the environment variable FLAMIA_VALIDATE ("async" when unset; its "sync"
+            applies to eager calls only).
 
     Returns:
         o [T, Hq, D] BF16, or (o, lse) when return_lse (lse carries no gradient).
@@ -513,13 +605,18 @@ def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, 
 
     Raises:
         TypeError / ValueError naming the argument for bad Python-side input, FlamiaError (with the
-        C API's status and message) for anything the C API rejects.
+        C API's status and message) for anything the C API rejects, and for malformed cu_seqlens
+        (as described above; ``error.offsets`` holds the record).
     """
     if isinstance(max_seqlen, torch.Tensor):
         raise TypeError("flamia.attention: max_seqlen must be a Python int (the longest document), not a tensor")
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, (int, torch.SymInt)):
         raise TypeError(f"flamia.attention: max_seqlen must be an int, got {type(max_seqlen).__name__}")
     _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
+    _status.check_validate_argument(validate)
+    if validate == "sync" or (validate is None and not torch.compiler.is_compiling()
+                              and _status.validate_mode(None) == "sync"):
+        _check_offsets_now(cu_seqlens, q.shape[0], max_seqlen, validate)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     else:

@@ -1,8 +1,10 @@
-// flamia_backward and flamia_backward_saved: validate, carve the caller's workspace, quantize Q, K
-// and V (bitwise the codes the forward used; flamia_backward_saved reads them from the saved codes
-// instead) and dO, build dO's running scale max, the work order and D_i, then run the dK dV and dQ
-// kernels, all asynchronously on the caller's stream. No allocation, no host synchronization and no
-// device-to-host copy, so the call can be captured in a CUDA graph.
+// flamia_backward and flamia_backward_saved: validate, carve the caller's workspace, check cu_seqlens
+// and build the work order (the call's first kernel: what follows reads its checked copy of the
+// offsets), quantize Q, K and V (bitwise the codes the forward used; flamia_backward_saved reads them
+// from the saved codes instead) and dO, build dO's running scale max and D_i, then run the dK dV and
+// dQ kernels, all asynchronously on the caller's stream. No allocation, no host synchronization and
+// no device-to-host copy, so the call can be captured in a CUDA graph. Malformed offsets leave no
+// document to the later kernels, and the prep pass fills dq, dk and dv with NaN.
 // Where it applies (takes_dq_partials), dQ comes from FP16 partials of the dK dV pass instead of
 // a dQ pass (core/dq_partials.h): prep also forms the rows' factors and zeroes dq, which holds the
 // FP16 accumulator until the finish pass writes BF16 dQ.
@@ -61,20 +63,30 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   uint8_t* const base = static_cast<uint8_t*>(workspace);
   auto region = [base](const WorkspaceRegion& r) { return region_pointer(base, r); };
 
+  // First the offsets: malformed ones leave no document to what follows (the prep pass then fills
+  // dq, dk and dv with NaN: it runs over every row, and in the FP16-partials backward it is what
+  // initializes dq).
+  cuda::sm90::BackwardParams p{};
+  static_cast<cuda::sm90::AttentionShape&>(p) = attention_shape(*q, *k, *docs, *options, numerics);
+  flamia_documents checked_docs{};
+  if (CallError e = check_offsets_and_order(*docs, p, base, ws, cuda::OffsetsCheck{}, s, checked_docs); !e.ok())
+    return e;
+  const flamia_documents* const docs_checked = &checked_docs;
+
   // The saved buffer is only read here (the kernels take const pointers).
   const QkvCodePointers qkv = saved ? qkv_code_pointers(static_cast<uint8_t*>(const_cast<void*>(saved_codes)), saved_layout)
                                     : qkv_code_pointers(base, ws);
   if (!saved) {
-    if (CallError e = quantize_qkv(*q, *k, *v, *docs, numerics, qkv, s); !e.ok()) return e;
+    if (CallError e = quantize_qkv(*q, *k, *v, *docs_checked, numerics, qkv, s); !e.ok()) return e;
   }
-  if (CallError e = quantize_operand(*dout, *docs, numerics.effective_geometry(), numerics.scale_rule,
+  if (CallError e = quantize_operand(*dout, *docs_checked, numerics.effective_geometry(), numerics.scale_rule,
                                      region(ws.g_codes), region(ws.g_codes_t), region(ws.g_scales), s, "dout");
       !e.ok())
     return e;
   // The dV fold reference gamma is the document's largest dO exponent (over a KV group's heads):
   // the running max at the document's end.
-  if (const cudaError_t err = cuda::launch_prefix_max_scales(region(ws.g_scales), T, Hq, docs->cu_seqlens,
-                                                             docs->num_docs, docs->max_seqlen,
+  if (const cudaError_t err = cuda::launch_prefix_max_scales(region(ws.g_scales), T, Hq, docs_checked->cu_seqlens,
+                                                             docs_checked->num_docs, docs_checked->max_seqlen,
                                                              region(ws.g_scale_prefix_max), s);
       err != cudaSuccess)
     return cuda_error("dout's running scale max (launch_prefix_max_scales)", err);
@@ -85,13 +97,13 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
     for (const auto& [scales, prefix_max, what] :
          {std::tuple{qkv.k_scales, region(ws.k_scale_prefix_max), "K's running scale max (launch_prefix_max_scales)"},
           std::tuple{qkv.v_scales, region(ws.v_scale_prefix_max), "V's running scale max (launch_prefix_max_scales)"}})
-      if (const cudaError_t err = cuda::launch_prefix_max_scales(scales, T, Hkv, docs->cu_seqlens, docs->num_docs,
-                                                                 docs->max_seqlen, prefix_max, s);
+      if (const cudaError_t err = cuda::launch_prefix_max_scales(scales, T, Hkv, docs_checked->cu_seqlens,
+                                                                 docs_checked->num_docs, docs_checked->max_seqlen,
+                                                                 prefix_max, s);
           err != cudaSuccess)
         return cuda_error(what, err);
   }
 
-  cuda::sm90::BackwardParams p{};
   p.q_codes = qkv.q_codes, p.q_scales = qkv.q_scales;
   p.k_codes = qkv.k_codes, p.k_scales = qkv.k_scales;
   p.v_codes = qkv.v_codes, p.v_scales = qkv.v_scales;
@@ -109,7 +121,6 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   p.dq = dq->data, p.dq_stride_token = dq->stride_token, p.dq_stride_head = dq->stride_head;
   p.dk = dk->data, p.dk_stride_token = dk->stride_token, p.dk_stride_head = dk->stride_head;
   p.dv = dv->data, p.dv_stride_token = dv->stride_token, p.dv_stride_head = dv->stride_head;
-  static_cast<cuda::sm90::AttentionShape&>(p) = attention_shape(*q, *k, *docs, *options, numerics);
   p.dq_partials = dq_partials;
   if (dq_partials) {
     p.row_max_prob = reinterpret_cast<const float*>(
@@ -119,7 +130,6 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
     p.dq_sigma = region(ws.dq_sigma);
     p.dq_beta = reinterpret_cast<int8_t*>(region(ws.dq_beta));
   }
-  if (CallError e = build_work_order(p, region(ws.work_order), region(ws.work_order_counters), s); !e.ok()) return e;
 
   using Launch = int (*)(const cuda::sm90::BackwardParams&, void*);
   const std::pair<Launch, const char*> prep{cuda::sm90::launch_backward_prep,

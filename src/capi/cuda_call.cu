@@ -92,13 +92,18 @@ cuda::sm90::AttentionShape attention_shape(const flamia_tensor& q, const flamia_
   return s;
 }
 
-CallError build_work_order(cuda::sm90::AttentionShape& shape, uint8_t* table, uint8_t* counters, cudaStream_t stream) {
+CallError check_offsets_and_order_into(const flamia_documents& docs, cuda::sm90::AttentionShape& shape,
+                                       uint8_t* table, uint8_t* counters, const cuda::OffsetsCheck& check, cudaStream_t stream,
+                                  flamia_documents& checked_docs) {
   auto* const order_table = reinterpret_cast<order::OrderedTile*>(table);
-  if (const cudaError_t err = cuda::launch_build_work_order(shape.cu_seqlens, shape.num_docs, shape.total_tokens,
+  if (const cudaError_t err = cuda::launch_build_work_order(docs.cu_seqlens, docs.num_docs, shape.total_tokens,
                                                             shape.causal, order_table, reinterpret_cast<int*>(counters),
-                                                            stream);
+                                                            stream, check);
       err != cudaSuccess)
-    return cuda_error("the work order (launch_build_work_order)", err);
+    return cuda_error("the offsets check and work order (launch_build_work_order)", err);
+  checked_docs = docs;
+  checked_docs.cu_seqlens = check.checked_cu_seqlens;
+  shape.cu_seqlens = check.checked_cu_seqlens;
   shape.work_order = order_table;
   shape.work_order_tiles = reinterpret_cast<const int*>(counters);  // counter 0 holds the tile count
   return CallError::success();

@@ -9,8 +9,10 @@
 #include <string>
 
 #include "capi/validate.h"
-#include "cuda/quant/quantize_mxfp8.cuh"
+#include "core/offsets_check.h"
 #include "core/options.h"
+#include "cuda/quant/quantize_mxfp8.cuh"
+#include "cuda/schedule/work_order.cuh"
 #include "cuda/sm90/attention_shape.h"
 #include "flamia/flamia.h"
 
@@ -81,8 +83,24 @@ float resolved_softmax_scale(const flamia_options& options, int head_dim);
 cuda::sm90::AttentionShape attention_shape(const flamia_tensor& q, const flamia_tensor& k, const flamia_documents& docs,
                                            const flamia_options& options, const NumericsOptions& numerics);
 
-// Builds the attention kernels' work order (core/work_order.h) of shape's documents on stream, into
-// a workspace's work_order (table) and work_order_counters (scratch) regions, and points shape at it.
-CallError build_work_order(cuda::sm90::AttentionShape& shape, uint8_t* table, uint8_t* counters, cudaStream_t stream);
+// A call's first kernel, the work order builder (cuda/schedule/work_order.cuh), on stream: it checks
+// docs.cu_seqlens on the device into the workspace's checked copy (the offsets, or zeros when they
+// are malformed), records a violation in docs.status and fills the outputs `poison` names with NaN,
+// and orders the attention kernels' work (core/schedule.h) into the workspace's work_order
+// (table) and work_order_counters (scratch) regions. Returns docs as every later kernel of the call
+// must see them, cu_seqlens the checked copy, and points shape at that copy and at the order.
+// check_offsets_and_order_into takes the regions one by one (check.checked_cu_seqlens not null).
+CallError check_offsets_and_order_into(const flamia_documents& docs, cuda::sm90::AttentionShape& shape,
+                                       uint8_t* table, uint8_t* counters, const cuda::OffsetsCheck& check, cudaStream_t stream,
+                                  flamia_documents& checked_docs);
+template <class Workspace>
+CallError check_offsets_and_order(const flamia_documents& docs, cuda::sm90::AttentionShape& shape, uint8_t* workspace,
+                                  const Workspace& ws, cuda::OffsetsCheck poison, cudaStream_t stream,
+                                  flamia_documents& checked_docs) {
+  poison.checked_cu_seqlens = reinterpret_cast<int32_t*>(region_pointer(workspace, ws.checked_cu_seqlens));
+  poison.status = reinterpret_cast<OffsetsRecord*>(docs.status);
+  return check_offsets_and_order_into(docs, shape, region_pointer(workspace, ws.work_order),
+                                      region_pointer(workspace, ws.work_order_counters), poison, stream, checked_docs);
+}
 
 }  // namespace flamia::capi

@@ -1,7 +1,9 @@
 // flamia_forward and flamia_forward_train: validate, carve the caller's workspace (and saved codes
-// buffer), quantize Q, K and V, build the V fold reference and the work order, then run the Hopper
+// buffer), check cu_seqlens and build the work order (the call's first kernel: what follows reads its
+// checked copy of the offsets), quantize Q, K and V, build the V fold reference, then run the Hopper
 // forward kernel, all asynchronously on the caller's stream. No allocation, no host synchronization
-// and no device-to-host copy, so the call can be captured in a CUDA graph.
+// and no device-to-host copy, so the call can be captured in a CUDA graph. Malformed offsets leave
+// no document to the later kernels, and the builder fills o and lse with NaN.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -19,15 +21,15 @@
 namespace flamia::capi {
 namespace {
 
-// The forward after quantization, over the codes already in qkv: the V fold reference, the work
-// order and the forward kernel, into workspace's regions of ws, on stream. row_max_prob: where the
-// forward keeps 1 / l_i for the backward, or null.
-CallError attend(const flamia_tensor& q, const flamia_tensor& k, const flamia_documents& docs,
-                       const flamia_options& options, const NumericsOptions& numerics, const QkvCodePointers& qkv,
-                       int64_t interior_scales_shift, uint8_t* workspace, const ForwardWorkspace& ws, flamia_tensor* o,
-                       float* lse, float* row_max_prob, cudaStream_t s) {
+// The forward after quantization, over the codes already in qkv: the V fold reference and the
+// forward kernel, into workspace's regions of ws, on stream. shape: the problem with its checked
+// offsets and work order; docs: the call's documents with the checked offsets. row_max_prob: where
+// the forward keeps 1 / l_i for the backward, or null.
+CallError attend(const cuda::sm90::AttentionShape& shape, const flamia_documents& docs, const QkvCodePointers& qkv,
+                 int64_t interior_scales_shift, uint8_t* workspace, const ForwardWorkspace& ws, flamia_tensor* o,
+                 float* lse, float* row_max_prob, cudaStream_t s) {
   // validate_forward bounds T * H * D by 2^31 - 1, so every extent fits an int.
-  const int T = int(q.tokens), Hkv = int(k.heads);
+  const int T = shape.total_tokens, Hkv = shape.kv_heads;
   auto region = [workspace](const WorkspaceRegion& r) { return region_pointer(workspace, r); };
   if (const cudaError_t err = cuda::launch_prefix_max_scales(qkv.v_scales, T, Hkv, docs.cu_seqlens, docs.num_docs,
                                                              docs.max_seqlen, region(ws.v_fold_ref), s);
@@ -35,6 +37,7 @@ CallError attend(const flamia_tensor& q, const flamia_tensor& k, const flamia_do
     return cuda_error("the V fold reference (launch_prefix_max_scales)", err);
 
   cuda::sm90::ForwardParams p{};
+  static_cast<cuda::sm90::AttentionShape&>(p) = shape;
   p.q_codes = qkv.q_codes;
   p.q_scales = qkv.q_scales;
   p.k_codes = qkv.k_codes;
@@ -52,8 +55,6 @@ CallError attend(const flamia_tensor& q, const flamia_tensor& k, const flamia_do
   p.lse = lse;
   p.row_max_prob = row_max_prob;
   p.work_counter = reinterpret_cast<int*>(region(ws.work_counter));
-  static_cast<cuda::sm90::AttentionShape&>(p) = attention_shape(q, k, docs, options, numerics);
-  if (CallError e = build_work_order(p, region(ws.work_order), region(ws.work_order_counters), s); !e.ok()) return e;
   cudaError_t err = static_cast<cudaError_t>(cuda::sm90::launch_forward(p, s));
   if (err == cudaSuccess) err = cudaGetLastError();
   if (err != cudaSuccess) return cuda_error("the forward kernel (launch_forward)", err);
@@ -82,15 +83,24 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint8_t* const base = static_cast<uint8_t*>(workspace);
 
+  // First the offsets: malformed ones fill o and lse with NaN, and leave no document to what follows.
+  cuda::sm90::AttentionShape shape = attention_shape(*q, *k, *docs, *options, numerics);
+  cuda::OffsetsCheck poison;
+  poison.rows = o->data;
+  poison.rows_stride_token = o->stride_token, poison.rows_stride_head = o->stride_head;
+  poison.rows_heads = int(o->heads), poison.rows_dim = int(o->dim);
+  poison.lse = lse, poison.lse_heads = int(q->heads);
+  flamia_documents checked{};
+  if (CallError e = check_offsets_and_order(*docs, shape, base, ws, poison, s, checked); !e.ok()) return e;
+
   const QkvCodePointers qkv =
       saving ? qkv_code_pointers(static_cast<uint8_t*>(saved_codes), saved) : qkv_code_pointers(base, ws);
-  if (CallError e = quantize_qkv(*q, *k, *v, *docs, numerics, qkv, s); !e.ok()) return e;
+  if (CallError e = quantize_qkv(*q, *k, *v, checked, numerics, qkv, s); !e.ok()) return e;
   // The saving forward keeps each row's largest probability for the backward's FP16 dQ partials.
   float* row_max_prob =
       saving ? reinterpret_cast<float*>(region_pointer(static_cast<uint8_t*>(saved_codes), saved.row_max_prob)) : nullptr;
-  return attend(*q, *k, *docs, *options, numerics, qkv,
-                      saving ? interior_scales_shift(saved) : interior_scales_shift(ws), base, ws, o, lse,
-                      row_max_prob, s);
+  return attend(shape, checked, qkv, saving ? interior_scales_shift(saved) : interior_scales_shift(ws), base, ws, o,
+                lse, row_max_prob, s);
 }
 
 }  // namespace

@@ -24,13 +24,17 @@ struct EntryPoints {
   decltype(&flamia_forward_train) forward_train;
   decltype(&flamia_backward_saved_workspace_size) backward_saved_workspace_size;
   decltype(&flamia_backward_saved) backward_saved;
+  decltype(&flamia_offsets_status_message) offsets_status_message;
+  decltype(&flamia_validate_cu_seqlens) validate_cu_seqlens;
+  decltype(&flamia_check_offsets_status) check_offsets_status;
 };
 
 [[maybe_unused]] __attribute__((used)) const EntryPoints kEntryPoints = {
     &flamia_default_options, &flamia_status_name, &flamia_forward_workspace_size, &flamia_forward,
     &flamia_backward_workspace_size, &flamia_backward, &flamia_saved_codes_size,
     &flamia_forward_train_workspace_size, &flamia_forward_train, &flamia_backward_saved_workspace_size,
-    &flamia_backward_saved};
+    &flamia_backward_saved, &flamia_offsets_status_message, &flamia_validate_cu_seqlens,
+    &flamia_check_offsets_status};
 
 }  // namespace
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "core/documents.h"
+#include "core/offsets_check.h"
 #include "core/operand_layout.h"
 #include "core/schedule.h"
 #include "reference/mxfp8_route.h"
@@ -252,6 +254,27 @@ CallError check_no_aliasing(const std::vector<Footprint>& footprints, size_t out
   return CallError::success();
 }
 
+// A host copy of cu_seqlens: the device check's rule and message (core/offsets_check.h), then,
+// when max_seqlen > 0, the bound max_seqlen >= the longest document. name and max_name: how the
+// messages call the array and the bound. record (when not null) receives the device's record.
+CallError check_offsets_on_host(std::span<const int32_t> cu, int64_t total_tokens, int32_t max_seqlen,
+                                const std::string& name, const std::string& max_name, OffsetsRecord* record) {
+  const OffsetsRecord r = check_cu_seqlens(cu, total_tokens);
+  if (record) *record = r;
+  if (r.kind != int32_t(OffsetsError::kOk)) return invalid(describe_offsets_error(r, name));
+  if (max_seqlen <= 0) return CallError::success();
+  int longest = 0;
+  size_t longest_doc = 0;
+  for (size_t d = 0; d + 1 < cu.size(); ++d) {
+    if (const int len = cu[d + 1] - cu[d]; len > longest) longest = len, longest_doc = d;
+  }
+  if (max_seqlen < longest) {
+    return invalid(max_name + " (" + str(max_seqlen) + ") is smaller than the longest document (" + str(longest) +
+                   " tokens: document " + std::to_string(longest_doc) + " of " + name + ")");
+  }
+  return CallError::success();
+}
+
 CallError check_documents(const flamia_documents& docs, int64_t total_tokens) {
   if (docs.cu_seqlens == nullptr) return invalid("docs.cu_seqlens (the device copy) is NULL");
   if (reinterpret_cast<uintptr_t>(docs.cu_seqlens) % alignof(int32_t) != 0)
@@ -260,36 +283,11 @@ CallError check_documents(const flamia_documents& docs, int64_t total_tokens) {
   if (docs.max_seqlen < 1 || docs.max_seqlen > total_tokens) {
     return invalid("docs.max_seqlen must lie in [1, T = " + str(total_tokens) + "], got " + str(docs.max_seqlen));
   }
-  if (docs.cu_seqlens_host != nullptr) {
-    const std::span<const int32_t> cu(docs.cu_seqlens_host, size_t(docs.num_docs) + 1);
-    if (std::string err = validate_cu_seqlens(cu, total_tokens); !err.empty()) {
-      // validate_cu_seqlens names the entries cu_seqlens[i] and the last one cu_seqlens[-1].
-      std::string out;
-      constexpr std::string_view kFrom = "cu_seqlens", kLast = "[-1]";
-      for (size_t i = 0; i < err.size();) {
-        if (err.compare(i, kFrom.size(), kFrom) == 0) {
-          out += "docs.cu_seqlens_host";
-          i += kFrom.size();
-          if (err.compare(i, kLast.size(), kLast) == 0) {
-            out.append(1, '[').append(str(docs.num_docs)).append(1, ']');
-            i += kLast.size();
-          }
-        } else {
-          out += err[i++];
-        }
-      }
-      return invalid(out);
-    }
-    int longest = 0, longest_doc = 0;
-    for (int d = 0; d < docs.num_docs; ++d) {
-      if (const int len = cu[d + 1] - cu[d]; len > longest) longest = len, longest_doc = d;
-    }
-    if (docs.max_seqlen < longest) {
-      return invalid("docs.max_seqlen (" + str(docs.max_seqlen) + ") is smaller than the longest document (" +
-                     str(longest) + " tokens: document " + str(longest_doc) + " of docs.cu_seqlens_host)");
-    }
-  }
-  return CallError::success();
+  if (docs.status != nullptr && reinterpret_cast<uintptr_t>(docs.status) % alignof(OffsetsRecord) != 0)
+    return invalid("docs.status must be 16-byte aligned, got address " + address(docs.status));
+  if (docs.cu_seqlens_host == nullptr) return CallError::success();
+  return check_offsets_on_host({docs.cu_seqlens_host, size_t(docs.num_docs) + 1}, total_tokens, docs.max_seqlen,
+                               "docs.cu_seqlens_host", "docs.max_seqlen", nullptr);
 }
 
 CallError check_options(const flamia_options& options, int64_t head_dim) {
@@ -411,6 +409,13 @@ CallError validate_backward(const flamia_tensor* q, const flamia_tensor* k, cons
   return check_limits(*q, *k);
 }
 
+CallError offsets_status_error(const flamia_offsets_status& record) {
+  if (record.error == FLAMIA_OFFSETS_OK) return CallError::success();
+  OffsetsRecord r;
+  r.kind = record.error, r.index = record.index, r.value = record.value, r.bound = record.bound;
+  return invalid(describe_offsets_error(r, "cu_seqlens"));
+}
+
 NumericsOptions numerics_options(const flamia_options& options) {
   NumericsOptions n;
   n.isolation = raw_enum(options.isolation) == FLAMIA_ISOLATION_PREFIX ? Isolation::kPrefix : Isolation::kDocument;
@@ -440,11 +445,13 @@ class RegionCarver {
   size_t at_ = 0;
 };
 
-// The work order's table and its builder's scratch (core/work_order.h), in either workspace.
+// The work order's table, its builder's scratch (core/schedule.h) and the cu_seqlens it checked,
+// in either workspace.
 template <class Workspace>
 void take_work_order(RegionCarver& c, int64_t tokens, int64_t num_docs, Workspace& w) {
   w.work_order = c.take(size_t(order::table_entries(tokens, num_docs)) * sizeof(order::OrderedTile));
   w.work_order_counters = c.take(size_t(order::cost_counters(tokens)) * sizeof(int32_t));
+  w.checked_cu_seqlens = c.take(size_t(num_docs + 1) * sizeof(int32_t));
 }
 
 }  // namespace
@@ -638,6 +645,43 @@ const char* flamia_status_name(flamia_status status) {
     case FLAMIA_ERROR_CUDA: return "FLAMIA_ERROR_CUDA";
     default: return "FLAMIA_UNKNOWN_STATUS";
   }
+}
+
+static_assert(sizeof(flamia_offsets_status) == sizeof(flamia::OffsetsRecord) &&
+                  alignof(flamia::OffsetsRecord) == 16 && offsetof(flamia_offsets_status, error) == 0 &&
+                  offsetof(flamia_offsets_status, index) == 4 && offsetof(flamia_offsets_status, value) == 8 &&
+                  offsetof(flamia_offsets_status, bound) == 12,
+              "the device writes flamia_offsets_status as a flamia::OffsetsRecord");
+static_assert(FLAMIA_OFFSETS_OK == int(flamia::OffsetsError::kOk) &&
+                  FLAMIA_OFFSETS_FIRST_NOT_ZERO == int(flamia::OffsetsError::kFirstNotZero) &&
+                  FLAMIA_OFFSETS_OUT_OF_RANGE == int(flamia::OffsetsError::kOutOfRange) &&
+                  FLAMIA_OFFSETS_DECREASING == int(flamia::OffsetsError::kDecreasing) &&
+                  FLAMIA_OFFSETS_LAST_NOT_TOTAL == int(flamia::OffsetsError::kLastNotTotal),
+              "flamia_offsets_error spells core/offsets_check.h's OffsetsError");
+
+flamia_status flamia_offsets_status_message(const flamia_offsets_status* record, flamia_error* error) {
+  return flamia::capi::guarded(error, [&]() -> CallError {
+    if (record == nullptr) return {FLAMIA_ERROR_INVALID_ARGUMENT, "record is NULL"};
+    return flamia::capi::offsets_status_error(*record);
+  });
+}
+
+flamia_status flamia_validate_cu_seqlens(const int32_t* cu_seqlens_host, int32_t num_docs, int64_t total_tokens,
+                                         int32_t max_seqlen, flamia_offsets_status* record, flamia_error* error) {
+  return flamia::capi::guarded(error, [&]() -> CallError {
+    if (record != nullptr) *record = flamia_offsets_status{};
+    if (cu_seqlens_host == nullptr) return {FLAMIA_ERROR_INVALID_ARGUMENT, "cu_seqlens_host is NULL"};
+    if (num_docs < 1) return {FLAMIA_ERROR_INVALID_ARGUMENT, "num_docs must be >= 1, got " + std::to_string(num_docs)};
+    if (total_tokens < 1 || total_tokens > flamia::kMaxTokens) {
+      return {FLAMIA_ERROR_INVALID_ARGUMENT,
+              "total_tokens must lie in [1, 2147483647], got " + std::to_string(total_tokens)};
+    }
+    flamia::OffsetsRecord r;
+    CallError e = flamia::capi::check_offsets_on_host({cu_seqlens_host, size_t(num_docs) + 1}, total_tokens,
+                                                      max_seqlen, "cu_seqlens", "max_seqlen", &r);
+    if (record != nullptr) *record = {r.kind, r.index, r.value, r.bound};
+    return e;
+  });
 }
 
 flamia_status flamia_forward_workspace_size(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,

@@ -58,6 +58,10 @@ CallError validate_backward(const flamia_tensor* q, const flamia_tensor* k, cons
                             const flamia_documents* docs, const flamia_options* options, const flamia_tensor* dq,
                             const flamia_tensor* dk, const flamia_tensor* dv, QkvCodes codes = QkvCodes::kInWorkspace);
 
+// A status word's record (flamia_offsets_status) as a call's error: success when it holds none,
+// else INVALID_ARGUMENT with the message the host check gives for the same offsets.
+CallError offsets_status_error(const flamia_offsets_status& record);
+
 // The C options as the numerics core spells them (valid options only: check them first).
 NumericsOptions numerics_options(const flamia_options& options);
 
@@ -86,8 +90,11 @@ struct ForwardWorkspace {
   WorkspaceRegion v_interior_codes_t, k_interior_scales, v_interior_scales;
   WorkspaceRegion v_fold_ref;  // UE8M0 [T, Hkv]: running max of V's scales within the document
   WorkspaceRegion work_counter;  // int32: the persistent forward kernel's item counter
-  WorkspaceRegion work_order;    // order::OrderedTile [order::table_entries(T, num_docs)] (core/work_order.h)
+  WorkspaceRegion work_order;    // order::OrderedTile [order::table_entries(T, num_docs)] (core/schedule.h)
   WorkspaceRegion work_order_counters;  // int32 [order::cost_counters(T)]: the work order builder's scratch
+  // int32 [num_docs + 1]: cu_seqlens as the work order builder checked it (the caller's offsets, or
+  // all zeros when they are malformed: no document), which every later kernel of the call reads.
+  WorkspaceRegion checked_cu_seqlens;
   size_t total = 0;            // a multiple of kWorkspaceAlignment
 };
 
@@ -140,8 +147,9 @@ struct BackwardWorkspace {
   WorkspaceRegion k_scale_prefix_max, v_scale_prefix_max;  // UE8M0 [T, Hkv]
   WorkspaceRegion dq_sigma, dq_beta;                       // UE8M0, int8 [Hq, T]
   WorkspaceRegion work_counter;                            // int32: the persistent kernels' item counter
-  WorkspaceRegion work_order;                              // as the forward's: the items' order, and
-  WorkspaceRegion work_order_counters;                     // its builder's scratch
+  WorkspaceRegion work_order;                              // as the forward's: the items' order,
+  WorkspaceRegion work_order_counters;                     // its builder's scratch,
+  WorkspaceRegion checked_cu_seqlens;                      // and the checked cu_seqlens
   size_t total = 0;                                        // a multiple of kWorkspaceAlignment
 };
 

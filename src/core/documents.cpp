@@ -5,20 +5,40 @@
 
 namespace flamia {
 
-std::string validate_cu_seqlens(std::span<const int32_t> cu, int64_t total_tokens) {
-  if (cu.size() < 2) return "cu_seqlens must hold at least 2 entries (one document), got " + std::to_string(cu.size());
-  if (cu[0] != 0) return "cu_seqlens[0] must be 0, got " + std::to_string(cu[0]);
-  for (size_t i = 1; i < cu.size(); ++i) {
-    if (cu[i] < cu[i - 1]) {
-      return "cu_seqlens must be non-decreasing, but cu_seqlens[" + std::to_string(i) + "] = " + std::to_string(cu[i]) +
-             " < cu_seqlens[" + std::to_string(i - 1) + "] = " + std::to_string(cu[i - 1]);
-    }
-  }
-  if (cu.back() != total_tokens) {
-    return "cu_seqlens[-1] must equal the number of packed tokens " + std::to_string(total_tokens) + ", got " +
-           std::to_string(cu.back());
+OffsetsRecord check_cu_seqlens(std::span<const int32_t> cu, int64_t total_tokens) {
+  const int64_t num_docs = int64_t(cu.size()) - 1;
+  for (int64_t i = 0; i <= num_docs; ++i) {
+    const int32_t previous = i > 0 ? cu[size_t(i - 1)] : 0;
+    if (const OffsetsError e = offsets_entry_error(i, cu[size_t(i)], previous, num_docs, total_tokens);
+        e != OffsetsError::kOk)
+      return offsets_record(e, i, cu[size_t(i)], previous, total_tokens);
   }
   return {};
+}
+
+std::string describe_offsets_error(const OffsetsRecord& r, std::string_view name) {
+  const std::string n(name), at = n + "[" + std::to_string(r.index) + "]", value = std::to_string(r.value);
+  switch (OffsetsError(r.kind)) {
+    case OffsetsError::kOk: return "";
+    case OffsetsError::kFirstNotZero: return at + " must be 0, got " + value;
+    case OffsetsError::kOutOfRange:
+      return at + " = " + value +
+             (r.value < 0 ? " is negative" : " lies past the end of the " + std::to_string(r.bound) + " packed tokens") +
+             ": every entry must lie in [0, " + std::to_string(r.bound) + "]";
+    case OffsetsError::kDecreasing:
+      return n + " must be non-decreasing, but " + at + " = " + value + " < " + n + "[" + std::to_string(r.index - 1) +
+             "] = " + std::to_string(r.bound);
+    case OffsetsError::kLastNotTotal:
+      return at + ", the last entry, must equal the number of packed tokens " + std::to_string(r.bound) + ", got " +
+             value;
+  }
+  return n + ": unknown offsets error " + std::to_string(r.kind) + " at entry " + std::to_string(r.index) +
+         " (value " + value + ", bound " + std::to_string(r.bound) + ")";
+}
+
+std::string validate_cu_seqlens(std::span<const int32_t> cu, int64_t total_tokens) {
+  if (cu.size() < 2) return "cu_seqlens must hold at least 2 entries (one document), got " + std::to_string(cu.size());
+  return describe_offsets_error(check_cu_seqlens(cu, total_tokens));
 }
 
 Documents::Documents(std::vector<int32_t> cu_seqlens, int64_t total_tokens) : cu_(std::move(cu_seqlens)) {

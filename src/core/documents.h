@@ -6,17 +6,30 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "core/offsets_check.h"
 #include "core/options.h"
 #include "core/tiling.h"
 #include "formats/host_device.h"
 
 namespace flamia {
 
-// An empty string when cu_seqlens describes `total_tokens` packed tokens (starts at 0, never
-// decreases, ends at total_tokens); otherwise a message that names the first bad entry.
+// An empty string when cu_seqlens describes `total_tokens` packed tokens (at least 2 entries, and
+// core/offsets_check.h's rule: starts at 0, every entry in [0, total_tokens], never decreases, ends
+// at total_tokens); otherwise a message that names the first bad entry and its values
+// (describe_offsets_error of check_cu_seqlens).
 std::string validate_cu_seqlens(std::span<const int32_t> cu_seqlens, int64_t total_tokens);
+
+// The first entry of cu_seqlens (num_docs + 1 >= 1 entries) that breaks core/offsets_check.h's
+// rule, as the device check records it; kind kOk when none does.
+OffsetsRecord check_cu_seqlens(std::span<const int32_t> cu_seqlens, int64_t total_tokens);
+
+// What a record (kind != kOk) says, naming the array `name`, e.g. "cu_seqlens must be non-decreasing,
+// but cu_seqlens[2] = 100 < cu_seqlens[1] = 200". Any record is described (an unknown kind too), so a
+// record read back from the device can always be reported.
+std::string describe_offsets_error(const OffsetsRecord& record, std::string_view name = "cu_seqlens");
 
 // The most packed tokens a call can hold: cu_seqlens entries are int32.
 inline constexpr int64_t kMaxTokens = 2147483647;

@@ -470,10 +470,10 @@ TEST(CapiValidation, Documents) {
     EXPECT_TRUE(Fails(c.validate(), kInvalid, "cu_seqlens_host[2]"));
   }
   {
-    Call c;  // out of range in the middle shows as a decrease
+    Call c;  // out of range in the middle: the entry past the end is named, not the decrease after it
     c.cu_host = {0, 20, 5, 14};
     c.docs.cu_seqlens_host = c.cu_host.data();
-    EXPECT_TRUE(Fails(c.validate(), kInvalid, "cu_seqlens_host[2]"));
+    EXPECT_TRUE(Fails(c.validate(), kInvalid, "docs.cu_seqlens_host[1] = 20 lies past the end of the 14 packed tokens"));
   }
   {
     Call c;  // negative
@@ -578,7 +578,7 @@ TEST(CapiValidation, WorkspaceLayout) {
     EXPECT_EQ(w.q_codes_t.bytes + w.k_codes_t.bytes + w.v_codes.bytes, 0u) << "layouts the forward does not read";
     const WorkspaceRegion regions[] = {w.q_codes,    w.k_codes,      w.v_codes_t,  w.q_scales,
                                        w.k_scales,   w.v_scales,     w.v_fold_ref, w.work_counter,
-                                       w.work_order, w.work_order_counters};
+                                       w.work_order, w.work_order_counters, w.checked_cu_seqlens};
     // V's transposed codes: every document padded to whole 32-token steps, plus a step each.
     const size_t vt = size_t(Hkv * D) * size_t(32 * ((T + 31) / 32 + docs));
     // The work order: an entry per 128-token tile slot, a counter per cost 0 .. ceil(T / 128).
@@ -586,7 +586,7 @@ TEST(CapiValidation, WorkspaceLayout) {
     const size_t need[] = {size_t(T * Hq * D), size_t(T * Hkv * D), vt,
                            size_t(T * Hq),     size_t(T * Hkv),     size_t(T * Hkv),
                            size_t(T * Hkv),    sizeof(int32_t),     order_entries * sizeof(order::OrderedTile),
-                           costs * sizeof(int32_t)};
+                           costs * sizeof(int32_t), size_t(docs + 1) * sizeof(int32_t)};
     size_t end = 0;
     for (size_t i = 0; i < std::size(regions); ++i) {
       EXPECT_EQ(regions[i].offset % kWorkspaceAlignment, 0u) << i;
@@ -684,7 +684,7 @@ TEST(CapiValidation, InteriorCodesRegions) {
   EXPECT_GE(f.total, f0.total + rows + transposed + 2 * scales);
   disjoint({f.q_codes, f.k_codes, f.v_codes_t, f.q_scales, f.k_scales, f.v_scales, f.k_interior_codes,
             f.v_interior_codes_t, f.k_interior_scales, f.v_interior_scales, f.v_fold_ref, f.work_counter,
-            f.work_order, f.work_order_counters},
+            f.work_order, f.work_order_counters, f.checked_cu_seqlens},
            f.total);
   const BackwardWorkspace b = backward_workspace_layout(T, Hq, Hkv, D, docs, true);
   EXPECT_GE(b.k_interior_codes.bytes, rows);
@@ -694,7 +694,7 @@ TEST(CapiValidation, InteriorCodesRegions) {
   disjoint({b.q_codes, b.k_codes, b.v_codes, b.g_codes, b.q_codes_t, b.k_codes_t, b.g_codes_t, b.q_scales,
             b.k_scales, b.v_scales, b.g_scales, b.k_interior_codes, b.v_interior_codes, b.k_interior_codes_t,
             b.k_interior_scales, b.v_interior_scales, b.g_scale_prefix_max, b.delta, b.work_counter, b.work_order,
-            b.work_order_counters},
+            b.work_order_counters, b.checked_cu_seqlens},
            b.total);
   const SavedCodes s = saved_codes_layout(T, Hq, Hkv, D, docs, true);
   const SavedCodes s0 = saved_codes_layout(T, Hq, Hkv, D, docs, false);
@@ -817,13 +817,14 @@ TEST(CapiValidation, BackwardWorkspaceLayout) {
     const WorkspaceRegion regions[] = {w.q_codes,  w.k_codes,   w.v_codes,   w.g_codes,  w.q_codes_t,
                                        w.k_codes_t, w.g_codes_t, w.q_scales,  w.k_scales, w.v_scales,
                                        w.g_scales, w.g_scale_prefix_max, w.delta, w.work_counter,
-                                       w.work_order, w.work_order_counters};
+                                       w.work_order, w.work_order_counters, w.checked_cu_seqlens};
     const size_t order_entries = size_t((T + 127) / 128 + docs), costs = size_t((T + 127) / 128 + 1);
     const size_t need[] = {size_t(T * Hq * D), size_t(T * Hkv * D), size_t(T * Hkv * D), size_t(T * Hq * D),
                            size_t(Hq * D) * slots, size_t(Hkv * D) * slots, size_t(Hq * D) * slots,
                            size_t(T * Hq),     size_t(T * Hkv),     size_t(T * Hkv),     size_t(T * Hq),
                            size_t(T * Hq),     size_t(T * Hq) * sizeof(float), sizeof(int32_t),
-                           order_entries * sizeof(order::OrderedTile), costs * sizeof(int32_t)};
+                           order_entries * sizeof(order::OrderedTile), costs * sizeof(int32_t),
+                           size_t(docs + 1) * sizeof(int32_t)};
     size_t end = 0;
     for (size_t i = 0; i < std::size(regions); ++i) {
       EXPECT_EQ(regions[i].offset % kWorkspaceAlignment, 0u) << i;

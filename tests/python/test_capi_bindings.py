@@ -4,6 +4,7 @@ be checked on the CPU machine. CTest sets FLAMIA_CAPI_LIB when the library is bu
 CUDA toolkit, not a GPU); elsewhere the module is skipped with the reason.
 """
 
+import ctypes
 import os
 import pathlib
 import sys
@@ -71,11 +72,12 @@ def test_training_pair_sizes():
     codes = T * D * (HQ + 2 * HKV) + (HQ + 2 * HKV) * D * slots + T * (HQ + 2 * HKV)
     row_max_prob = T * HQ * 4  # FP32 [Hq, T]: the forward's 1 / l_i, for the FP16 dQ partials
     assert codes + row_max_prob <= saved <= codes + row_max_prob + 256 * 10
-    # V's running scale max, the forward kernel's work counter (one 256-byte region) and the work
+    # V's running scale max, the forward kernel's work counter (one 256-byte region), the work
     # order (an 8-byte entry per 128-token tile slot, a 4-byte counter per cost 0 .. ceil(T / 128))
-    # alone
+    # and the checked copy of cu_seqlens (num_docs + 1 int32) alone
     tiles = -(-T // 128)
-    work_order = -(-(tiles + 5) * 8 // 256) * 256 + -(-(tiles + 1) * 4 // 256) * 256
+    work_order = (-(-(tiles + 5) * 8 // 256) * 256 + -(-(tiles + 1) * 4 // 256) * 256 +
+                  -(-(5 + 1) * 4 // 256) * 256)
     assert fwd_train == -(-T * HKV // 256) * 256 + 256 + work_order
     assert fwd_train < fwd and bwd_saved < bwd
     base = bwd - bwd_saved + HKV * D * slots + row_max_prob
@@ -108,3 +110,84 @@ def test_the_library_has_the_bindings_abi_and_the_packages_version():
     import flamia
     assert _capi.library().flamia_abi_version() == _capi.ABI_VERSION
     assert _capi.library_version() == flamia.__version__
+
+
+# ---- malformed cu_seqlens: the host check and the status word's message (no GPU needed) ----
+
+# (offsets for T = 300, expected (error, index, value, bound)) for every rule, the first bad entry
+# winning and an entry out of range named before the decrease that follows it.
+MALFORMED = [
+    ([0, 200, 100], (_capi.OFFSETS_DECREASING, 2, 100, 200)),
+    ([0, 100, 400], (_capi.OFFSETS_OUT_OF_RANGE, 2, 400, 300)),
+    ([5, 100, 300], (_capi.OFFSETS_FIRST_NOT_ZERO, 0, 5, 0)),
+    ([0, 100, 250], (_capi.OFFSETS_LAST_NOT_TOTAL, 2, 250, 300)),
+    ([0, 2**31 - 1, 300], (_capi.OFFSETS_OUT_OF_RANGE, 1, 2**31 - 1, 300)),
+    ([0, 100, 2**31 - 1], (_capi.OFFSETS_OUT_OF_RANGE, 2, 2**31 - 1, 300)),
+    ([0, -5, 300], (_capi.OFFSETS_OUT_OF_RANGE, 1, -5, 300)),
+    ([0, 100, -7, 300], (_capi.OFFSETS_OUT_OF_RANGE, 2, -7, 300)),
+    ([0, 400, 100, 300], (_capi.OFFSETS_OUT_OF_RANGE, 1, 400, 300)),
+    ([0, 50, 40, 300, 10], (_capi.OFFSETS_DECREASING, 2, 40, 50)),
+]
+
+
+@pytest.mark.parametrize("offsets,record", MALFORMED, ids=[str(o) for o, _ in MALFORMED])
+def test_host_check_names_the_first_bad_entry_and_its_values(offsets, record):
+    with pytest.raises(_capi.FlamiaError) as info:
+        _capi.validate_cu_seqlens(offsets, 300)
+    error = info.value
+    assert error.status == _capi.ERROR_INVALID_ARGUMENT
+    _, index, value, bound = record
+    assert f"cu_seqlens[{index}]" in error.message and str(value) in error.message, error.message
+    if record[0] != _capi.OFFSETS_FIRST_NOT_ZERO:
+        assert str(bound) in error.message, error.message
+    # The record the device writes for the same offsets, and its message: the same text.
+    got = _capi.OffsetsStatus()
+    status = _capi.library().flamia_validate_cu_seqlens(
+        ctypes.cast((ctypes.c_int32 * len(offsets))(*offsets), ctypes.c_void_p), len(offsets) - 1, 300, 0,
+        ctypes.byref(got), ctypes.byref(_capi.Error()))
+    assert status == _capi.ERROR_INVALID_ARGUMENT
+    assert got.as_tuple() == record
+    assert _capi.offsets_status_message(_capi.OffsetsStatus(*record)) == error.message
+
+
+def test_host_check_passes_valid_offsets_and_checks_the_max_seqlen_bound():
+    assert _capi.validate_cu_seqlens([0, 100, 100, 300], 300).as_tuple() == (0, 0, 0, 0)
+    assert _capi.validate_cu_seqlens([0, 300], 300, max_seqlen=300).as_tuple() == (0, 0, 0, 0)
+    with pytest.raises(_capi.FlamiaError) as info:
+        _capi.validate_cu_seqlens([0, 100, 300], 300, max_seqlen=150)  # the longest document has 200 tokens
+    assert "max_seqlen (150)" in info.value.message and "longest document (200" in info.value.message
+    for bad_total in (0, -1, 2**31):
+        with pytest.raises(_capi.FlamiaError) as info:
+            _capi.validate_cu_seqlens([0, 1], bad_total)
+        assert "total_tokens" in info.value.message
+    with pytest.raises(_capi.FlamiaError) as info:
+        _capi.validate_cu_seqlens([0], 1)
+    assert "at least 2 entries" in info.value.message
+    with pytest.raises(_capi.FlamiaError) as info:
+        _capi.validate_cu_seqlens([0, 2**31], 1)
+    assert "cu_seqlens[1] = 2147483648 does not fit int32" in info.value.message
+
+
+def test_status_word_message_of_an_empty_and_an_unknown_record():
+    assert _capi.offsets_status_message(_capi.OffsetsStatus()) is None
+    message = _capi.offsets_status_message(_capi.OffsetsStatus(99, 3, 7, 8))
+    assert "unknown offsets error 99" in message and "entry 3" in message
+    error = _capi.Error()
+    assert _capi.library().flamia_offsets_status_message(None, ctypes.byref(error)) == _capi.ERROR_INVALID_ARGUMENT
+    assert b"record is NULL" in error.message
+
+
+def test_status_query_checks_its_arguments_before_any_cuda_call():
+    for pointer, needle in ((0, "status is NULL"), (0x1008, "16-byte aligned")):
+        with pytest.raises(_capi.FlamiaError) as info:
+            _capi.check_offsets_status(pointer)
+        assert info.value.status == _capi.ERROR_INVALID_ARGUMENT and needle in info.value.message
+    error = _capi.Error()
+    status = _capi.library().flamia_check_offsets_status(ctypes.c_void_p(0x1000), 2, None, ctypes.byref(error))
+    assert status == _capi.ERROR_INVALID_ARGUMENT and b"clear must be 0 or 1" in error.message
+
+
+def test_documents_carry_the_status_word():
+    d = _capi.Documents(0x1000, None, 3, 9, 0x2000)
+    assert d.status == 0x2000 and d.num_docs == 3
+    assert _capi.Documents(0x1000, None, 3, 9).status is None

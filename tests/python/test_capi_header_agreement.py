@@ -69,6 +69,7 @@ def header_structs():
 C_TO_CTYPES = {
     "void*": ctypes.c_void_p,
     "constint32_t*": ctypes.c_void_p,
+    "flamia_offsets_status*": ctypes.c_void_p,
     "int64_t": ctypes.c_int64,
     "int32_t": ctypes.c_int32,
     "int": ctypes.c_int,
@@ -84,12 +85,16 @@ def test_abi_version_agrees():
 
 def test_enums_agree():
     enums = header_enums()
-    assert {"flamia_status", "flamia_dtype", "flamia_isolation", "flamia_scale_geometry", "flamia_scale_rule"} <= set(enums)
+    assert {"flamia_status", "flamia_dtype", "flamia_isolation", "flamia_scale_geometry", "flamia_scale_rule",
+            "flamia_offsets_error"} <= set(enums)
     assert {c_name: value for value, c_name in CAPI._STATUS_NAMES.items()} == enums["flamia_status"]
     assert {f"FLAMIA_{name}": value for name, value in vars(CAPI).items()
             if name == "SUCCESS" or name.startswith("ERROR_")} == enums["flamia_status"]
     assert {f"FLAMIA_{name}": value for name, value in vars(CAPI).items() if name.startswith("DTYPE_")} == enums[
         "flamia_dtype"]
+    assert {c_name: value for value, c_name in CAPI.OFFSETS_ERRORS.items()} == enums["flamia_offsets_error"]
+    assert {f"FLAMIA_{name}": value for name, value in vars(CAPI).items()
+            if name.startswith("OFFSETS_") and name != "OFFSETS_ERRORS"} == enums["flamia_offsets_error"]
     # The Python spellings: each option enum's C constants end with the upper-cased Python name.
     for table, enum in ((CAPI.ISOLATION, "flamia_isolation"), (CAPI.SCALE_GEOMETRY, "flamia_scale_geometry"),
                         (CAPI.SCALE_RULE, "flamia_scale_rule")):
@@ -100,7 +105,7 @@ def test_enums_agree():
 def test_structs_agree_field_by_field():
     structs = header_structs()
     bindings = {"flamia_tensor": CAPI.Tensor, "flamia_documents": CAPI.Documents, "flamia_options": CAPI.Options,
-                "flamia_error": CAPI.Error}
+                "flamia_error": CAPI.Error, "flamia_offsets_status": CAPI.OffsetsStatus}
     assert set(bindings) == set(structs)
     enum_types = set(header_enums())
     for name, struct in bindings.items():

@@ -116,7 +116,7 @@ __device__ __forceinline__ uint4 load_chunk(const __nv_bfloat16* src) {
   }
 }
 
-// Grid (document tile slots of 32 positions, head groups of kHeadsPerCta; core/document_slots.h).
+// Grid (document tile slots of 32 positions, head groups of kHeadsPerCta; core/schedule.h).
 // Each CTA step owns positions [p0, p0 + 32) of one document for its heads: per head one block32
 // group, or 32 token groups. Its kThreads threads split the tile's rows x (dim / 8) chunks, kItems
 // per thread and head. The step runs in phases over all its heads at once, so every head's loads
@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems, kSecond))
 }
 
 // One CTA per (chunk of kScanChunk positions of a document, head column; the chunk slots of
-// core/document_slots.h), or per (document, head column) when every document fits one chunk
+// core/schedule.h), or per (document, head column) when every document fits one chunk
 // (`chunked` false: no document search): an inclusive max-scan over the chunk's tokens in steps of
 // kThreads, carrying the running max from step to step, and into the chunk the max of the
 // document's tokens before it (each thread reads every kThreads-th of them). UE8M0 bytes order like

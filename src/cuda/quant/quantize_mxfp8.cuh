@@ -94,7 +94,7 @@ __device__ __forceinline__ uint32_t encode_scaled_e4m3x4(uint32_t w0, uint32_t w
 // cu_seqlens (device, num_docs + 1 entries) delimits the documents; entries are clamped into
 // [0, total_tokens] (and each end to at least its begin), so malformed offsets cannot make the
 // kernel read or write out of bounds, though they give meaningless results. Tokens outside every
-// document are not written. The grid is one CTA per 32-token tile slot of core/document_slots.h
+// document are not written. The grid is one CTA per 32-token tile slot of core/schedule.h
 // and group of 4 heads, so no document length is needed on the host.
 //
 // Requirements (else cudaErrorInvalidValue, nothing launched): dim a multiple of 8 in [8, 256],

@@ -1,13 +1,18 @@
 // The work order's table (core/schedule.h), built by one CTA per call: a counting sort of every
 // document's tiles by cost, largest first. Its four phases, each over the tile slots or the costs:
-//   1. every entry idle, every cost counter 0;
+//   1. every entry idle, every cost counter 0; and cu_seqlens checked (core/offsets_check.h);
 //   2. counter[c] = the tiles of cost c (each slot's tile found by bisection over cu_seqlens);
 //   3. counter[c] = the tiles that cost more than c: the first rank of cost c (a suffix sum);
 //   4. each tile takes rank atomicAdd(counter[its cost], 1).
 // No tile costs 0, so counter[0] ends as the number of tiles (phase 3's sum over every cost).
 // A few microseconds (tiles and costs are counted in thousands); the attention kernels then find
 // an item with one table load instead of a document search.
+// The check is the call's first kernel's first phase (the C API runs the builder before anything
+// else reads cu_seqlens): its copy of the offsets (OffsetsCheck) is what the later kernels read,
+// and malformed offsets stop here, after phase 1: no tile, a copy of zeros, the record and the NaN.
 #include <cuda_runtime.h>
+
+#include <climits>
 
 #include "cuda/block_scan.cuh"
 #include "cuda/schedule/work_order.cuh"
@@ -46,13 +51,68 @@ struct BuildArgs {
   int* counters;
   int64_t entries;
   int costs;
+  OffsetsCheck check;
 };
 
-__global__ void __launch_bounds__(kThreads) build_work_order_kernel(const BuildArgs a) {
+constexpr unsigned kNoBadEntry = UINT_MAX;  // entries are numbered below 2^31
+
+// The record of the first bad entry into the caller's status word, unless it holds one already.
+// The word may be mapped host memory, where atomics are not atomic for the host: one plain check
+// and one 16-byte store (of calls that find violations at once on other streams, one record stays).
+__device__ void record_violation(const BuildArgs& a, unsigned bad) {
+  const int32_t value = a.cu_seqlens[bad], previous = bad > 0 ? a.cu_seqlens[bad - 1] : 0;
+  const OffsetsRecord r = offsets_record(offsets_entry_error(bad, value, previous, a.num_docs, a.total_tokens), bad,
+                                         value, previous, a.total_tokens);
+  OffsetsRecord* const status = a.check.status;
+  if (*reinterpret_cast<volatile const int32_t*>(&status->kind) != int32_t(OffsetsError::kOk)) return;
+  *reinterpret_cast<int4*>(status) = make_int4(r.kind, r.index, r.value, r.bound);
+  __threadfence_system();
+}
+
+// NaN into every element of the outputs the check names (the whole CTA; malformed offsets only).
+__device__ void poison_outputs(const BuildArgs& a) {
+  const OffsetsCheck& c = a.check;
   const int t = int(threadIdx.x);
+  if (c.rows != nullptr) {
+    // T * H * D < 2^31 (the C API's limit), so every count fits an int.
+    const int chunks = c.rows_dim / 8, items = a.total_tokens * c.rows_heads * chunks;
+    const uint4 nan = make_uint4(0x7FC07FC0u, 0x7FC07FC0u, 0x7FC07FC0u, 0x7FC07FC0u);  // 8 BF16 NaNs
+    for (int e = t; e < items; e += kThreads) {
+      const int row = e / chunks, token = row / c.rows_heads, head = row % c.rows_heads;
+      auto* const at = static_cast<uint16_t*>(c.rows) + token * c.rows_stride_token + head * c.rows_stride_head;
+      *reinterpret_cast<uint4*>(at + (e % chunks) * 8) = nan;
+    }
+  }
+  if (c.lse != nullptr) {
+    const int n = c.lse_heads * a.total_tokens;
+    for (int e = t; e < n; e += kThreads) c.lse[e] = __int_as_float(0x7FC00000);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) build_work_order_kernel(const BuildArgs a) {
+  __shared__ unsigned first_bad;
+  const int t = int(threadIdx.x);
+  if (t == 0) first_bad = kNoBadEntry;
+  __syncthreads();
+  // Each thread's entries come in increasing order, so its first violation is its smallest.
+  for (int64_t i = t; i <= a.num_docs; i += kThreads) {
+    const int32_t previous = i > 0 ? a.cu_seqlens[i - 1] : 0;
+    if (offsets_entry_error(i, a.cu_seqlens[i], previous, a.num_docs, a.total_tokens) != OffsetsError::kOk) {
+      atomicMin(&first_bad, unsigned(i));
+      break;
+    }
+  }
   for (int64_t e = t; e < a.entries; e += kThreads) a.table[e] = {-1, 0};
   for (int c = t; c < a.costs; c += kThreads) a.counters[c] = 0;
   __syncthreads();
+  const unsigned bad = first_bad;  // the same in every thread, so the return below is uniform
+  if (int32_t* const copy = a.check.checked_cu_seqlens)
+    for (int64_t i = t; i <= a.num_docs; i += kThreads) copy[i] = bad == kNoBadEntry ? a.cu_seqlens[i] : 0;
+  if (bad != kNoBadEntry) {
+    if (t == 0 && a.check.status != nullptr) record_violation(a, bad);
+    poison_outputs(a);
+    return;  // counters[0] == 0: no tile
+  }
   // f(tile, cost) for each tile of a document, one tile slot per thread at a time.
   auto each_tile = [&](auto f) {
     for (int64_t slot = t; slot < a.entries; slot += kThreads) {
@@ -73,7 +133,13 @@ __global__ void __launch_bounds__(kThreads) build_work_order_kernel(const BuildA
 }  // namespace
 
 cudaError_t launch_build_work_order(const int32_t* cu_seqlens, int num_docs, int total_tokens, bool causal,
-                                    order::OrderedTile* table, int* cost_counters, cudaStream_t stream) {
+                                    order::OrderedTile* table, int* cost_counters, cudaStream_t stream,
+                                    const OffsetsCheck& check) {
+  if (num_docs < 1 || total_tokens < 0 || cu_seqlens == nullptr || table == nullptr || cost_counters == nullptr ||
+      reinterpret_cast<uintptr_t>(check.status) % alignof(OffsetsRecord) != 0 ||
+      (check.rows != nullptr && (check.rows_dim % 8 != 0 || reinterpret_cast<uintptr_t>(check.rows) % 16 != 0 ||
+                                 check.rows_stride_token % 8 != 0 || check.rows_stride_head % 8 != 0)))
+    return cudaErrorInvalidValue;
   const BuildArgs args{cu_seqlens,
                        num_docs,
                        total_tokens,
@@ -81,7 +147,8 @@ cudaError_t launch_build_work_order(const int32_t* cu_seqlens, int num_docs, int
                        table,
                        cost_counters,
                        order::table_entries(total_tokens, num_docs),
-                       int(order::cost_counters(total_tokens))};
+                       int(order::cost_counters(total_tokens)),
+                       check};
   build_work_order_kernel<<<1, kThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }

@@ -6,17 +6,39 @@
 
 #include <cstdint>
 
+#include "core/offsets_check.h"
 #include "core/schedule.h"
 #include "cuda/schedule/document_span.cuh"
 
 namespace flamia::cuda {
 
+// What the builder does besides ordering the tiles: it checks cu_seqlens first (core/offsets_check.h)
+// and, on a violation, orders no tile and does what this asks (every field may be null or 0).
+struct OffsetsCheck {
+  // [num_docs + 1], written in every case: cu_seqlens when it is valid, else zeros (num_docs empty
+  // documents), so that kernels reading it after the builder find no document in malformed offsets.
+  int32_t* checked_cu_seqlens = nullptr;
+  // The caller's status word: on a violation the first bad entry's record, unless it holds one
+  // already (the first record stays), written with one 16-byte store (16-byte aligned).
+  OffsetsRecord* status = nullptr;
+  // Filled with NaN on a violation: BF16 rows [total_tokens, rows_heads, rows_dim] with element
+  // strides rows_stride_token, rows_stride_head (16-byte aligned rows, rows_dim a multiple of 8),
+  // and FP32 lse [lse_heads, total_tokens], contiguous (the forward's o and lse).
+  void* rows = nullptr;
+  int64_t rows_stride_token = 0, rows_stride_head = 0;
+  int rows_heads = 0, rows_dim = 0;
+  float* lse = nullptr;
+  int lse_heads = 0;
+};
+
 // Fills table[0 .. order::table_entries(T, num_docs)) with every document's tiles, costliest first
 // (idle entries after them), using cost_counters[0 .. order::cost_counters(T)) as scratch; after
-// it, cost_counters[0] holds the number of tiles (the kernels' work_order_tiles). One CTA; reads
-// cu_seqlens on the device, so the call stays capturable in a CUDA graph.
+// it, cost_counters[0] holds the number of tiles (the kernels' work_order_tiles). Malformed
+// cu_seqlens give no tile (every entry idle, cost_counters[0] == 0) and what `check` asks. One CTA;
+// reads cu_seqlens on the device, so the call stays capturable in a CUDA graph.
 cudaError_t launch_build_work_order(const int32_t* cu_seqlens, int num_docs, int total_tokens, bool causal,
-                                    order::OrderedTile* table, int* cost_counters, cudaStream_t stream);
+                                    order::OrderedTile* table, int* cost_counters, cudaStream_t stream,
+                                    const OffsetsCheck& check = {});
 
 // Table entry `entry` as a tile of its document (span, the document's tiles, and the entry's tile:
 // counted from the document start for the query tile kernels, the forward and dQ, from its end for

@@ -57,11 +57,35 @@ __device__ __forceinline__ __nv_bfloat16* dq_row(const BackwardParams& p, const 
   return static_cast<__nv_bfloat16*>(p.dq) + at.token * p.dq_stride_token + at.head * p.dq_stride_head;
 }
 
+// Malformed offsets (the work order builder's checked copy, p.cu_seqlens, is then all zeros and
+// does not end at T; no later pass finds a document): NaN into the lane's 8 features of its row of
+// dq (FP16 NaN where dq holds the FP16 accumulator, which the finish pass turns into BF16 NaN) and,
+// for the first Hkv heads, of dk and dv. The prep grid covers every (token, query head), so every
+// element of the three outputs.
+template <int D, bool kDqPartials>
+__device__ __forceinline__ void poison_gradients(const BackwardParams& p, const PrepLane<D>& at) {
+  if (!at.valid) return;
+  constexpr uint32_t kBf16Nan = 0x7FC07FC0u, kFp16Nan = 0x7E007E00u;  // two NaNs of each
+  // One output after the other, with 8-byte stores: unrolled, or with a 16-byte store (its NaN in
+  // four registers), this path took the kernel two registers more than it does.
+#pragma unroll 1
+  for (int k = 0; k < (at.head < p.kv_heads ? 3 : 1); ++k) {
+    void* const out = k == 0 ? p.dq : k == 1 ? p.dk : p.dv;
+    const int64_t stride_token = k == 0 ? p.dq_stride_token : k == 1 ? p.dk_stride_token : p.dv_stride_token;
+    const int64_t stride_head = k == 0 ? p.dq_stride_head : k == 1 ? p.dk_stride_head : p.dv_stride_head;
+    const uint32_t nan = k == 0 && kDqPartials ? kFp16Nan : kBf16Nan;
+    auto* const at_f0 = reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(out) + at.token * stride_token +
+                                                 at.head * stride_head + at.f0);
+    at_f0[0] = at_f0[1] = make_uint2(nan, nan);
+  }
+}
+
 template <int D, bool kDqPartials>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) backward_prep_kernel(const BackwardParams p) {
   const PrepLane<D> at(p);
+  const bool poisoned = __ldg(p.cu_seqlens + p.num_docs) != p.total_tokens;  // the same in every thread
   float sum = 0.f, squares = 0.f;
-  if (at.valid) {
+  if (at.valid && !poisoned) {
     const uint2 codes = __ldg(reinterpret_cast<const uint2*>(p.g_codes + at.row * D + at.f0));
     const auto* o_row = static_cast<const __nv_bfloat16*>(p.o) + at.token * p.o_stride_token + at.head * p.o_stride_head;
     const uint4 o = __ldg(reinterpret_cast<const uint4*>(o_row + at.f0));  // rows are 16-byte aligned (C API)
@@ -80,6 +104,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) backward_prep_kernel(cons
   }
   sum = PrepLane<D>::row_sum(sum);
   if (kDqPartials) squares = PrepLane<D>::row_sum(squares);
+  if (poisoned) {
+    poison_gradients<D, kDqPartials>(p, at);
+    return;
+  }
   if (!at.valid || at.f0 != 0) return;
   const uint8_t g_scale = p.g_scales[at.row];
   const float delta = sum * pow2_of_scale(g_scale);
