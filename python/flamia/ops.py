@@ -19,7 +19,6 @@ before launching instead.
 """
 
 import functools
-import math
 import threading
 
 import torch
@@ -28,6 +27,7 @@ from . import _capi
 from . import _status
 from ._capi import FlamiaError
 from ._checks import check_devices
+from ._options import AttentionOptions
 
 __all__ = ["attention", "attention_forward", "attention_backward", "attention_forward_train",
            "attention_backward_saved", "check_errors", "FlamiaError"]
@@ -98,13 +98,9 @@ def _check_tensor(t, name, dtype, ndim):
         raise ValueError(f"flamia.attention: {name} must have {ndim} dimensions {shape}, got shape {tuple(t.shape)}")
 
 
-def _check_choice(value, name, choices):
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"flamia.attention: {name} must be one of {sorted(choices)}, got {value!r}")
-
-
-def _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule):
-    """The checks that need no data pointer (they also run while torch.compile traces)."""
+def _check_inputs(q, k, v, cu_seqlens):
+    """The checks of q, k, v and cu_seqlens that need no data pointer (they also run while
+    torch.compile traces). The options are checked by AttentionOptions."""
     _check_tensor(q, "q", torch.bfloat16, 3)
     _check_tensor(k, "k", torch.bfloat16, 3)
     _check_tensor(v, "v", torch.bfloat16, 3)
@@ -122,9 +118,6 @@ def _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule):
                          f"and head_dim (dim 2)")
     if k.shape[1] < 1 or q.shape[1] % k.shape[1] != 0:
         raise ValueError(f"flamia.attention: q heads ({q.shape[1]}) must be a multiple of k heads ({k.shape[1]})")
-    _check_choice(isolation, "isolation", _capi.ISOLATION)
-    _check_choice(scale_geometry, "scale_geometry", _capi.SCALE_GEOMETRY)
-    _check_choice(scale_rule, "scale_rule", _capi.SCALE_RULE)
 
 
 def _layout_ok(t):
@@ -180,22 +173,11 @@ _SIZE_QUERIES = {
 
 @functools.lru_cache(maxsize=256)
 def _buffer_bytes(kind, tokens, q_heads, kv_heads, dim, num_docs, options):
-    """options: the call's (causal, softmax_scale, isolation, scale_geometry, scale_rule). The size
-    queries read only the shapes, the document count (no pointer, no stride) and the options
-    (prefix isolation with block32 geometry encodes K and V twice)."""
+    """options: the call's AttentionOptions (hashable). The size queries read only the shapes, the
+    document count (no pointer, no stride) and the options (prefix isolation with block32 geometry
+    encodes K and V twice)."""
     docs = _capi.Documents(None, None, num_docs, 1)
-    return _SIZE_QUERIES[kind](*_shape_descriptors(tokens, q_heads, kv_heads, dim), docs, _c_options(*options))
-
-
-def _c_options(causal, softmax_scale, isolation, scale_geometry, scale_rule, deterministic=False):
-    options = _capi.default_options()
-    options.deterministic = 1 if deterministic else 0
-    options.causal = 1 if causal else 0
-    options.softmax_scale = _capi.explicit_softmax_scale(softmax_scale)  # never 0, the C default
-    options.isolation = _capi.ISOLATION[isolation]
-    options.scale_geometry = _capi.SCALE_GEOMETRY[scale_geometry]
-    options.scale_rule = _capi.SCALE_RULE[scale_rule]
-    return options
+    return _SIZE_QUERIES[kind](*_shape_descriptors(tokens, q_heads, kv_heads, dim), docs, options.to_c())
 
 
 def _c_documents(cu_seqlens, max_seqlen, status):
@@ -207,12 +189,11 @@ def _c_documents(cu_seqlens, max_seqlen, status):
     return _capi.Documents(cu_seqlens.data_ptr(), None, cu_seqlens.shape[0] - 1, max_seqlen, status.address)
 
 
-def _run_forward(q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry, scale_rule,
-                 workspace_kind, launch):
+def _run_forward(q, k, v, cu_seqlens, max_seqlen, options, workspace_kind, launch):
     """What both forward ops share: checks, kernel layouts, o and lse, the C options and documents,
-    the workspace; launch(q, k, v, docs, options, o, lse, workspace, nbytes, stream) calls the C API.
-    Returns (o, lse)."""
-    _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
+    the workspace; launch(q, k, v, docs, c_options, o, lse, workspace, nbytes, stream) calls the C
+    API. options: the call's AttentionOptions. Returns (o, lse)."""
+    _check_inputs(q, k, v, cu_seqlens)
     status = _status_word(q.device)
     _raise_pending(status, q.device)
     tokens, q_heads, dim = q.shape
@@ -222,16 +203,23 @@ def _run_forward(q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolati
 
     o = torch.empty((tokens, q_heads, dim), dtype=torch.bfloat16, device=q.device)
     lse = torch.empty((q_heads, tokens), dtype=torch.float32, device=q.device)
-    numerics = (causal, softmax_scale, isolation, scale_geometry, scale_rule)
-    options = _c_options(*numerics)
     docs = _c_documents(cu_seqlens, max_seqlen, status)
     with torch.cuda.device(q.device):
-        nbytes = _buffer_bytes(workspace_kind, tokens, q_heads, k.shape[1], dim, docs.num_docs, numerics)
+        nbytes = _buffer_bytes(workspace_kind, tokens, q_heads, k.shape[1], dim, docs.num_docs, options)
         # The caching allocator returns 512-byte aligned blocks (the C API needs 256).
         workspace = torch.empty((nbytes,), dtype=torch.uint8, device=q.device)
         stream = torch.cuda.current_stream(q.device).cuda_stream
-        launch(q, k, v, docs, options, o, lse, workspace, nbytes, stream)
+        launch(q, k, v, docs, options.to_c(), o, lse, workspace, nbytes, stream)
     return o, lse
+
+
+def _forward(q, k, v, cu_seqlens, max_seqlen, options):
+    """MXFP8 attention forward over packed documents: (o [T, Hq, D] bf16, lse [Hq, T] fp32)."""
+    def launch(q, k, v, docs, c_options, o, lse, workspace, nbytes, stream):
+        _capi.forward(_descriptor(q), _descriptor(k), _descriptor(v), docs, c_options, _descriptor(o),
+                      lse.data_ptr(), workspace.data_ptr(), nbytes, stream)
+
+    return _run_forward(q, k, v, cu_seqlens, max_seqlen, options, "forward", launch)
 
 
 def _forward_impl(
@@ -247,12 +235,8 @@ def _forward_impl(
     scale_rule: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP8 attention forward over packed documents: (o [T, Hq, D] bf16, lse [Hq, T] fp32)."""
-    def launch(q, k, v, docs, options, o, lse, workspace, nbytes, stream):
-        _capi.forward(_descriptor(q), _descriptor(k), _descriptor(v), docs, options, _descriptor(o),
-                      lse.data_ptr(), workspace.data_ptr(), nbytes, stream)
-
-    return _run_forward(q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry,
-                        scale_rule, "forward", launch)
+    options = AttentionOptions.from_op_arguments(causal, softmax_scale, isolation, scale_geometry, scale_rule)
+    return _forward(q, k, v, cu_seqlens, max_seqlen, options)
 
 
 attention_forward = torch.library.custom_op("flamia::attention_forward", _forward_impl, mutates_args=())
@@ -261,18 +245,19 @@ attention_forward = torch.library.custom_op("flamia::attention_forward", _forwar
 @attention_forward.register_fake
 def _attention_forward_fake(q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry,
                             scale_rule):
-    _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
+    _check_inputs(q, k, v, cu_seqlens)
+    AttentionOptions.from_op_arguments(causal, softmax_scale, isolation, scale_geometry, scale_rule)  # checks
     tokens, q_heads, dim = q.shape
     o = q.new_empty((tokens, q_heads, dim), dtype=torch.bfloat16)
     lse = q.new_empty((q_heads, tokens), dtype=torch.float32)
     return o, lse
 
 
-def _run_backward(dout, o, lse, cu_seqlens, max_seqlen, kv_heads, causal, softmax_scale, isolation, scale_geometry,
-                  scale_rule, workspace_kind, launch, deterministic=True):
+def _run_backward(dout, o, lse, cu_seqlens, max_seqlen, kv_heads, options, workspace_kind, launch):
     """What both backward ops share: checks, kernel layouts, dq, dk and dv, the C options and
-    documents, the workspace; launch(o, lse, dout, docs, options, dq, dk, dv, workspace, nbytes,
-    stream) calls the C API. Returns (dq, dk, dv)."""
+    documents, the workspace; launch(o, lse, dout, docs, c_options, dq, dk, dv, workspace, nbytes,
+    stream) calls the C API. options: the call's AttentionOptions (its deterministic picks the dQ
+    reduction). Returns (dq, dk, dv)."""
     _check_tensor(dout, "dout", torch.bfloat16, 3)
     _check_tensor(o, "o", torch.bfloat16, 3)
     _check_tensor(lse, "lse", torch.float32, 2)
@@ -291,15 +276,32 @@ def _run_backward(dout, o, lse, cu_seqlens, max_seqlen, kv_heads, causal, softma
     dq = torch.empty((tokens, q_heads, dim), dtype=torch.bfloat16, device=dout.device)
     dk = torch.empty((tokens, kv_heads, dim), dtype=torch.bfloat16, device=dout.device)
     dv = torch.empty((tokens, kv_heads, dim), dtype=torch.bfloat16, device=dout.device)
-    numerics = (causal, softmax_scale, isolation, scale_geometry, scale_rule)
-    options = _c_options(*numerics, deterministic=deterministic)
     docs = _c_documents(cu_seqlens, max_seqlen, status)
     with torch.cuda.device(dout.device):
-        nbytes = _buffer_bytes(workspace_kind, tokens, q_heads, kv_heads, dim, docs.num_docs, numerics)
+        nbytes = _buffer_bytes(workspace_kind, tokens, q_heads, kv_heads, dim, docs.num_docs, options)
         workspace = torch.empty((nbytes,), dtype=torch.uint8, device=dout.device)
         stream = torch.cuda.current_stream(dout.device).cuda_stream
-        launch(o, lse, dout, docs, options, dq, dk, dv, workspace, nbytes, stream)
+        launch(o, lse, dout, docs, options.to_c(), dq, dk, dv, workspace, nbytes, stream)
     return dq, dk, dv
+
+
+def _backward(dout, q, k, v, o, lse, cu_seqlens, max_seqlen, options):
+    """MXFP8 attention backward: (dq [T, Hq, D], dk [T, Hkv, D], dv [T, Hkv, D]) bf16 for the incoming
+    gradient dout of o, given the forward's inputs and outputs (o, lse). Deterministic (flamia_backward
+    always is)."""
+    _check_inputs(q, k, v, cu_seqlens)
+    _check_tensor(dout, "dout", torch.bfloat16, 3)
+    check_devices("attention_backward", "q", q, dout=dout)  # _run_backward: o, lse, cu_seqlens on dout's
+    if dout.shape != q.shape:
+        raise ValueError(f"flamia.attention_backward: dout must have q's shape {tuple(q.shape)}, got {tuple(dout.shape)}")
+    q, k, v = _kernel_layout(q), _kernel_layout(k), _kernel_layout(v)
+
+    def launch(o, lse, dout, docs, c_options, dq, dk, dv, workspace, nbytes, stream):
+        _capi.backward(_descriptor(q), _descriptor(k), _descriptor(v), _descriptor(o), lse.data_ptr(),
+                       _descriptor(dout), docs, c_options, _descriptor(dq), _descriptor(dk), _descriptor(dv),
+                       workspace.data_ptr(), nbytes, stream)
+
+    return _run_backward(dout, o, lse, cu_seqlens, max_seqlen, k.shape[1], options, "backward", launch)
 
 
 def _backward_impl(
@@ -319,20 +321,9 @@ def _backward_impl(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """MXFP8 attention backward: (dq [T, Hq, D], dk [T, Hkv, D], dv [T, Hkv, D]) bf16 for the incoming
     gradient dout of o, given the forward's inputs and outputs (o, lse). Deterministic."""
-    _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
-    _check_tensor(dout, "dout", torch.bfloat16, 3)
-    check_devices("attention_backward", "q", q, dout=dout)  # _run_backward: o, lse, cu_seqlens on dout's
-    if dout.shape != q.shape:
-        raise ValueError(f"flamia.attention_backward: dout must have q's shape {tuple(q.shape)}, got {tuple(dout.shape)}")
-    q, k, v = _kernel_layout(q), _kernel_layout(k), _kernel_layout(v)
-
-    def launch(o, lse, dout, docs, options, dq, dk, dv, workspace, nbytes, stream):
-        _capi.backward(_descriptor(q), _descriptor(k), _descriptor(v), _descriptor(o), lse.data_ptr(),
-                       _descriptor(dout), docs, options, _descriptor(dq), _descriptor(dk), _descriptor(dv),
-                       workspace.data_ptr(), nbytes, stream)
-
-    return _run_backward(dout, o, lse, cu_seqlens, max_seqlen, k.shape[1], causal, softmax_scale, isolation,
-                         scale_geometry, scale_rule, "backward", launch)
+    options = AttentionOptions.from_op_arguments(causal, softmax_scale, isolation, scale_geometry, scale_rule,
+                                                 deterministic=True)
+    return _backward(dout, q, k, v, o, lse, cu_seqlens, max_seqlen, options)
 
 
 attention_backward = torch.library.custom_op("flamia::attention_backward", _backward_impl, mutates_args=())
@@ -341,17 +332,33 @@ attention_backward = torch.library.custom_op("flamia::attention_backward", _back
 @attention_backward.register_fake
 def _attention_backward_fake(dout, q, k, v, o, lse, cu_seqlens, max_seqlen, causal, softmax_scale, isolation,
                              scale_geometry, scale_rule):
-    _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
+    _check_inputs(q, k, v, cu_seqlens)
+    AttentionOptions.from_op_arguments(causal, softmax_scale, isolation, scale_geometry, scale_rule)  # checks
     return (q.new_empty(q.shape, dtype=torch.bfloat16), k.new_empty(k.shape, dtype=torch.bfloat16),
             v.new_empty(v.shape, dtype=torch.bfloat16))
 
 
-def _saved_codes_bytes(q, k, num_docs, numerics):
+def _saved_codes_bytes(q, k, num_docs, options):
     """The saved codes buffer's size (flamia_saved_codes_size) for q [T, Hq, D], k [T, Hkv, D] and
-    the call's numerics tuple (as _buffer_bytes takes it)."""
+    the call's AttentionOptions."""
     tokens, q_heads, dim = q.shape
     return _buffer_bytes("saved_codes", int(tokens), int(q_heads), int(k.shape[1]), int(dim), int(num_docs),
-                         numerics)
+                         options)
+
+
+def _forward_train(q, k, v, cu_seqlens, max_seqlen, options):
+    """attention_forward that also returns q, k and v's MXFP8 codes (a uint8 buffer, flamia_forward_train's
+    saved codes) for the backward from saved codes: (o, lse, saved_codes)."""
+    saved = []
+
+    def launch(q, k, v, docs, c_options, o, lse, workspace, nbytes, stream):
+        saved_bytes = _saved_codes_bytes(q, k, docs.num_docs, options)
+        saved.append(torch.empty((saved_bytes,), dtype=torch.uint8, device=q.device))
+        _capi.forward_train(_descriptor(q), _descriptor(k), _descriptor(v), docs, c_options, _descriptor(o),
+                            lse.data_ptr(), saved[0].data_ptr(), saved_bytes, workspace.data_ptr(), nbytes, stream)
+
+    o, lse = _run_forward(q, k, v, cu_seqlens, max_seqlen, options, "forward_train", launch)
+    return o, lse, saved[0]
 
 
 def _forward_train_impl(
@@ -370,18 +377,9 @@ def _forward_train_impl(
     """attention_forward that also returns q, k and v's MXFP8 codes (a uint8 buffer, flamia_forward_train's
     saved codes) for attention_backward_saved: (o, lse, saved_codes). deterministic is the backward's
     (attention_backward_saved), carried through the autograd context."""
-    saved = []
-    numerics = (causal, softmax_scale, isolation, scale_geometry, scale_rule)
-
-    def launch(q, k, v, docs, options, o, lse, workspace, nbytes, stream):
-        saved_bytes = _saved_codes_bytes(q, k, docs.num_docs, numerics)
-        saved.append(torch.empty((saved_bytes,), dtype=torch.uint8, device=q.device))
-        _capi.forward_train(_descriptor(q), _descriptor(k), _descriptor(v), docs, options, _descriptor(o),
-                            lse.data_ptr(), saved[0].data_ptr(), saved_bytes, workspace.data_ptr(), nbytes, stream)
-
-    o, lse = _run_forward(q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry,
-                          scale_rule, "forward_train", launch)
-    return o, lse, saved[0]
+    options = AttentionOptions.from_op_arguments(causal, softmax_scale, isolation, scale_geometry, scale_rule,
+                                                 deterministic)
+    return _forward_train(q, k, v, cu_seqlens, max_seqlen, options)
 
 
 attention_forward_train = torch.library.custom_op("flamia::attention_forward_train", _forward_train_impl,
@@ -391,12 +389,32 @@ attention_forward_train = torch.library.custom_op("flamia::attention_forward_tra
 @attention_forward_train.register_fake
 def _attention_forward_train_fake(q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry,
                                   scale_rule, deterministic=False):
-    _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
+    _check_inputs(q, k, v, cu_seqlens)
+    options = AttentionOptions.from_op_arguments(causal, softmax_scale, isolation, scale_geometry, scale_rule,
+                                                 deterministic)
     tokens, q_heads, dim = q.shape
-    saved_bytes = _saved_codes_bytes(q, k, cu_seqlens.shape[0] - 1,
-                                     (causal, softmax_scale, isolation, scale_geometry, scale_rule))
+    saved_bytes = _saved_codes_bytes(q, k, cu_seqlens.shape[0] - 1, options)
     return (q.new_empty((tokens, q_heads, dim), dtype=torch.bfloat16),
             q.new_empty((q_heads, tokens), dtype=torch.float32), q.new_empty((saved_bytes,), dtype=torch.uint8))
+
+
+def _backward_saved(dout, saved_codes, o, lse, cu_seqlens, max_seqlen, kv_heads, options):
+    """The backward from _forward_train's saved codes (q, k and v are not needed). options.deterministic:
+    bitwise attention_backward's (dq, dk, dv); else dq may come from FP16 partials (where they apply:
+    document isolation, causal, D = 128, long documents), which sum in whatever order they arrive:
+    the same accuracy, not bitwise repeatable."""
+    _check_tensor(saved_codes, "saved_codes", torch.uint8, 1)
+    _check_tensor(cu_seqlens, "cu_seqlens", torch.int32, 1)
+    _check_tensor(dout, "dout", torch.bfloat16, 3)
+    check_devices("attention_backward_saved", "dout", dout, saved_codes=saved_codes)  # _run_backward: the rest
+
+    def launch(o, lse, dout, docs, c_options, dq, dk, dv, workspace, nbytes, stream):
+        q, k, v = _shape_descriptors(*dout.shape[:2], kv_heads, dout.shape[2])  # shapes only
+        _capi.backward_saved(q, k, v, _descriptor(o), lse.data_ptr(), _descriptor(dout), docs, c_options,
+                             saved_codes.data_ptr(), saved_codes.numel(), _descriptor(dq), _descriptor(dk),
+                             _descriptor(dv), workspace.data_ptr(), nbytes, stream)
+
+    return _run_backward(dout, o, lse, cu_seqlens, max_seqlen, kv_heads, options, "backward_saved", launch)
 
 
 def _backward_saved_impl(
@@ -418,22 +436,9 @@ def _backward_saved_impl(
     deterministic: bitwise attention_backward's (dq, dk, dv); else dq may come from FP16 partials
     (where they apply: document isolation, causal, D = 128, long documents), which sum in whatever
     order they arrive: the same accuracy, not bitwise repeatable."""
-    _check_tensor(saved_codes, "saved_codes", torch.uint8, 1)
-    _check_tensor(cu_seqlens, "cu_seqlens", torch.int32, 1)
-    _check_tensor(dout, "dout", torch.bfloat16, 3)
-    check_devices("attention_backward_saved", "dout", dout, saved_codes=saved_codes)  # _run_backward: the rest
-    _check_choice(isolation, "isolation", _capi.ISOLATION)
-    _check_choice(scale_geometry, "scale_geometry", _capi.SCALE_GEOMETRY)
-    _check_choice(scale_rule, "scale_rule", _capi.SCALE_RULE)
-
-    def launch(o, lse, dout, docs, options, dq, dk, dv, workspace, nbytes, stream):
-        q, k, v = _shape_descriptors(*dout.shape[:2], kv_heads, dout.shape[2])  # shapes only
-        _capi.backward_saved(q, k, v, _descriptor(o), lse.data_ptr(), _descriptor(dout), docs, options,
-                             saved_codes.data_ptr(), saved_codes.numel(), _descriptor(dq), _descriptor(dk),
-                             _descriptor(dv), workspace.data_ptr(), nbytes, stream)
-
-    return _run_backward(dout, o, lse, cu_seqlens, max_seqlen, kv_heads, causal, softmax_scale, isolation,
-                         scale_geometry, scale_rule, "backward_saved", launch, deterministic=deterministic)
+    options = AttentionOptions.from_op_arguments(causal, softmax_scale, isolation, scale_geometry, scale_rule,
+                                                 deterministic)
+    return _backward_saved(dout, saved_codes, o, lse, cu_seqlens, max_seqlen, kv_heads, options)
 
 
 attention_backward_saved = torch.library.custom_op("flamia::attention_backward_saved", _backward_saved_impl,
@@ -454,50 +459,62 @@ def _defined_gradient(grad, output):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry, scale_rule = inputs
+    q, k, v, cu_seqlens, max_seqlen = inputs[:5]
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, cu_seqlens)
-    ctx.arguments = (max_seqlen, causal, softmax_scale, isolation, scale_geometry, scale_rule)
+    ctx.max_seqlen = max_seqlen
+    ctx.options = AttentionOptions.from_op_arguments(*inputs[5:])
     ctx.mark_non_differentiable(lse)  # only o carries a gradient (attention() returns lse detached)
     ctx.set_materialize_grads(False)  # no zero-filled gradient of lse
 
 
-def _backward(ctx, grad_o, grad_lse):
+def _autograd_backward(ctx, grad_o, grad_lse):
     q, k, v, o, lse, cu_seqlens = ctx.saved_tensors
     grad_o = _defined_gradient(grad_o, o)
-    dq, dk, dv = attention_backward(grad_o, q, k, v, o, lse, cu_seqlens, *ctx.arguments)
+    dq, dk, dv = attention_backward(grad_o, q, k, v, o, lse, cu_seqlens, ctx.max_seqlen, *ctx.options.op_arguments())
     return dq, dk, dv, None, None, None, None, None, None, None
 
 
-attention_forward.register_autograd(_backward, setup_context=_setup_context)
+attention_forward.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
-def _setup_context_train(ctx, inputs, output):
-    q, k, v, cu_seqlens, max_seqlen, causal, softmax_scale, isolation, scale_geometry, scale_rule = inputs[:10]
-    deterministic = bool(inputs[10]) if len(inputs) > 10 else False
+def _save_train_context(ctx, num_inputs, kv_heads, cu_seqlens, max_seqlen, options, output):
+    """The training pair's autograd context, for the custom op's registration and the eager
+    Function alike: the codes, o, lse and cu_seqlens, and the options record."""
     o, lse, saved = output
     ctx.save_for_backward(saved, o, lse, cu_seqlens)  # not q, k, v: the codes replace them
-    ctx.arguments = (max_seqlen, k.shape[1], causal, softmax_scale, isolation, scale_geometry, scale_rule,
-                     deterministic)
-    ctx.inputs = len(inputs)  # the backward returns one gradient (or None) per input
+    ctx.max_seqlen, ctx.kv_heads, ctx.options = max_seqlen, kv_heads, options
+    ctx.inputs = num_inputs  # the backward returns one gradient (or None) per input
     ctx.mark_non_differentiable(lse, saved)
     # Without this, autograd fills a zero "gradient" of the saved codes (as large as q, k and v
     # together) before every backward: 0.24 ms of a 4x16384 training call on the H200.
     ctx.set_materialize_grads(False)
 
 
+def _setup_context_train(ctx, inputs, output):
+    q, k, v, cu_seqlens, max_seqlen = inputs[:5]
+    options = AttentionOptions.from_op_arguments(*inputs[5:])  # deterministic (inputs[10]) may be absent
+    _save_train_context(ctx, len(inputs), k.shape[1], cu_seqlens, max_seqlen, options, output)
+
+
+def _backward_saved_op(dout, saved_codes, o, lse, cu_seqlens, max_seqlen, kv_heads, options):
+    """attention_backward_saved (the custom op, traceable) with the record flattened into its schema."""
+    return attention_backward_saved(dout, saved_codes, o, lse, cu_seqlens, max_seqlen, kv_heads,
+                                    *options.op_arguments(with_deterministic=True))
+
+
 def _backward_train_through(backward_saved):
-    """The training pair's backward, running backward_saved: the custom op (traceable) or its
-    implementation (the eager path below)."""
+    """The training pair's backward, running backward_saved: the custom op (traceable) or the
+    record-taking implementation (the eager path below)."""
     def backward(ctx, grad_o, grad_lse, grad_saved):
         saved, o, lse, cu_seqlens = ctx.saved_tensors
         grad_o = _defined_gradient(grad_o, o)
-        dq, dk, dv = backward_saved(grad_o, saved, o, lse, cu_seqlens, *ctx.arguments)
+        dq, dk, dv = backward_saved(grad_o, saved, o, lse, cu_seqlens, ctx.max_seqlen, ctx.kv_heads, ctx.options)
         return (dq, dk, dv) + (None,) * (ctx.inputs - 3)
     return backward
 
 
-attention_forward_train.register_autograd(_backward_train_through(attention_backward_saved),
+attention_forward_train.register_autograd(_backward_train_through(_backward_saved_op),
                                           setup_context=_setup_context_train)
 
 
@@ -505,15 +522,16 @@ class _EagerTrainingCall(torch.autograd.Function):
     """The training pair without the custom-op dispatcher: the same implementations, context and
     backward as attention_forward_train's autograd registration, for plain eager calls (the
     dispatcher and the custom op's autograd wrapper cost host time in front of the first kernel,
-    which a short call's GPU waits for)."""
+    which a short call's GPU waits for). Inputs: (q, k, v, cu_seqlens, max_seqlen, options), the
+    options an AttentionOptions record."""
 
     @staticmethod
-    def forward(ctx, *inputs):
-        output = _forward_train_impl(*inputs)
-        _setup_context_train(ctx, inputs, output)
+    def forward(ctx, q, k, v, cu_seqlens, max_seqlen, options):
+        output = _forward_train(q, k, v, cu_seqlens, max_seqlen, options)
+        _save_train_context(ctx, 6, k.shape[1], cu_seqlens, max_seqlen, options, output)
         return output
 
-    backward = staticmethod(_backward_train_through(_backward_saved_impl))
+    backward = staticmethod(_backward_train_through(_backward_saved))
 
 
 def _mode_probes():
@@ -612,27 +630,28 @@ def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, 
         raise TypeError("flamia.attention: max_seqlen must be a Python int (the longest document), not a tensor")
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, (int, torch.SymInt)):
         raise TypeError(f"flamia.attention: max_seqlen must be an int, got {type(max_seqlen).__name__}")
-    _check_inputs(q, k, v, cu_seqlens, isolation, scale_geometry, scale_rule)
+    _check_inputs(q, k, v, cu_seqlens)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    options = AttentionOptions(causal=causal, softmax_scale=softmax_scale, isolation=isolation,
+                               scale_geometry=scale_geometry, scale_rule=scale_rule,
+                               deterministic=deterministic).resolved(q.shape[-1])
     _status.check_validate_argument(validate)
     if validate == "sync" or (validate is None and not torch.compiler.is_compiling()
                               and _status.validate_mode(None) == "sync"):
         _check_offsets_now(cu_seqlens, q.shape[0], max_seqlen, validate)
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
-    else:
-        softmax_scale = _capi.explicit_softmax_scale(softmax_scale)
-    arguments = (q, k, v, cu_seqlens, max_seqlen, bool(causal), float(softmax_scale), isolation, scale_geometry,
-                 scale_rule)
-    if deterministic is None:
-        deterministic = torch.are_deterministic_algorithms_enabled()
+    inputs = (q, k, v, cu_seqlens, max_seqlen)
     eager = _plain_eager(q, k, v, cu_seqlens)
     differentiable = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if differentiable and save_codes:
-        o, lse, _ = (_EagerTrainingCall.apply if eager else attention_forward_train)(*arguments, bool(deterministic))
+        if eager:
+            o, lse, _ = _EagerTrainingCall.apply(*inputs, options)
+        else:
+            o, lse, _ = attention_forward_train(*inputs, *options.op_arguments(with_deterministic=True))
     elif eager and not differentiable:
-        o, lse = _forward_impl(*arguments)
+        o, lse = _forward(*inputs, options)
     else:
-        o, lse = attention_forward(*arguments)
+        o, lse = attention_forward(*inputs, *options.op_arguments())
     if return_lse:
         return o, lse.detach()  # the backward differentiates o only
     return o
