@@ -15,17 +15,10 @@ __device__ __forceinline__ void zero(float (&x)[N]) {
   for (int i = 0; i < N; ++i) x[i] = 0.f;
 }
 
-// acc_row(r) += tile_row(r) * factor[r]
-template <int N>
-__device__ __forceinline__ void add_scaled_rows(float (&acc)[N], const float (&tile)[N], const float (&factor)[2]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) acc[i] += tile[i] * factor[(i >> 1) & 1];
-}
-
-// acc_row(r)[first + i] += tile_row(r)[i] * factor[r]: a part of the columns (first: a multiple of 4
-// floats, i.e. of n8 blocks).
-template <int kFirst, int N, int M>
-__device__ __forceinline__ void add_scaled_rows_at(float (&acc)[N], const float (&tile)[M], const float (&factor)[2]) {
+// acc_row(r)[kFirst + i] += tile_row(r)[i] * factor[r]: the whole row, or (kFirst > 0 or a shorter
+// tile) a part of its columns (kFirst: a multiple of 4 floats, i.e. of n8 blocks).
+template <int kFirst = 0, int N, int M>
+__device__ __forceinline__ void add_scaled_rows(float (&acc)[N], const float (&tile)[M], const float (&factor)[2]) {
   static_assert(kFirst % 4 == 0 && kFirst + M <= N && M % 4 == 0, "whole n8 blocks");
 #pragma unroll
   for (int i = 0; i < M; ++i) acc[kFirst + i] += tile[i] * factor[(i >> 1) & 1];

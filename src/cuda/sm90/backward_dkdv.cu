@@ -687,7 +687,7 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
     if constexpr (kDkParts == 1) wgmma_wait<0>();
     else wgmma_wait<1>();  // part 0 done, dV may still run
     fence_accumulators(part_tile);
-    add_scaled_rows_at<0>(dk_acc, part_tile, tau.pow);
+    add_scaled_rows(dk_acc, part_tile, tau.pow);
     if constexpr (kDkParts == 2) {
       zero(part_tile);  // the first k-step accumulates
       wgmma_fence();
@@ -696,7 +696,7 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
       wgmma_commit();
       wgmma_wait<0>();
       fence_accumulators(part_tile);
-      add_scaled_rows_at<kDkPartFeatures / 2>(dk_acc, part_tile, tau.pow);
+      add_scaled_rows<kDkPartFeatures / 2>(dk_acc, part_tile, tau.pow);
     }
     fence_accumulators(dv_acc);
     if constexpr (kDqPartials) {
