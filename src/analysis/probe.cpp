@@ -9,11 +9,8 @@
 namespace flamia::analysis {
 
 ProbeOutputs emulated_probe_call(const AttentionInputs& in, const NumericsOptions& opt) {
-  const reference::AttentionShape shape{.causal = true};
-  const auto qin = reference::quantize_inputs(in.q, in.k, in.v, in.docs, opt);
-  auto fwd = reference::mxfp8_forward(qin, in.docs, shape, opt);
-  auto grads = reference::mxfp8_backward(qin, fwd, in.dout, in.docs, shape, opt);
-  return {std::move(fwd.o), std::move(fwd.lse), std::move(grads.dq)};
+  auto call = reference::mxfp8_training(in.q, in.k, in.v, in.dout, in.docs, {.causal = true}, opt);
+  return {std::move(call.fwd.o), std::move(call.fwd.lse), std::move(call.grads.dq)};
 }
 
 namespace {

@@ -559,4 +559,14 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
   return out;
 }
 
+TrainingOutputs mxfp8_training(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
+                               const PackedTensor& dout, const Documents& docs, const AttentionShape& shape,
+                               const NumericsOptions& options) {
+  TrainingOutputs out;
+  const QuantizedInputs codes = quantize_inputs(q, k, v, docs, options);
+  out.fwd = mxfp8_forward(codes, docs, shape, options, &out.stats);
+  out.grads = mxfp8_backward(codes, out.fwd, dout, docs, shape, options, &out.stats);
+  return out;
+}
+
 }  // namespace flamia::reference

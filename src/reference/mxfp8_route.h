@@ -87,6 +87,16 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
                          const Documents& docs, const AttentionShape& shape, const NumericsOptions& options,
                          RouteStats* stats = nullptr);
 
+// One training call for a fixed dO: Q, K and V quantized, the forward, then the backward for dout.
+struct TrainingOutputs {
+  ForwardOutputs fwd;
+  Gradients grads;
+  RouteStats stats;  // both passes'
+};
+TrainingOutputs mxfp8_training(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
+                               const PackedTensor& dout, const Documents& docs, const AttentionShape& shape,
+                               const NumericsOptions& options);
+
 // Throws std::invalid_argument when the options cannot be honoured together (for example
 // prefix isolation without a causal mask, or 32x32 U squares in prefix mode).
 void check_route_options(const AttentionShape& shape, const NumericsOptions& options, int head_dim);

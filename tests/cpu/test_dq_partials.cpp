@@ -162,20 +162,10 @@ TEST(DqRowFactors, BoundsHoldOnRandomRows) {
 // ---------------------------------------------------------------------------------------------
 // The emulated backward
 
-struct Call {
-  ForwardOutputs fwd;
-  Gradients grads;
-  RouteStats stats;
-};
-
-Call emulate(const analysis::AttentionInputs& in, NumericsOptions opt, DqReduction reduction, bool causal = true) {
+TrainingOutputs emulate(const analysis::AttentionInputs& in, NumericsOptions opt, DqReduction reduction,
+                        bool causal = true) {
   opt.dq_reduction = reduction;
-  const AttentionShape shape{.causal = causal};
-  Call c;
-  const auto qin = quantize_inputs(in.q, in.k, in.v, in.docs, opt);
-  c.fwd = mxfp8_forward(qin, in.docs, shape, opt, &c.stats);
-  c.grads = mxfp8_backward(qin, c.fwd, in.dout, in.docs, shape, opt, &c.stats);
-  return c;
+  return mxfp8_training(in.q, in.k, in.v, in.dout, in.docs, {.causal = causal}, opt);
 }
 
 Gradients exact_gradients(const analysis::AttentionInputs& in, bool causal = true) {
@@ -193,8 +183,8 @@ bool all_finite(const PackedTensor& t) {
 // the deterministic dQ, leaves dK and dV bitwise alone, and its U and FP16 sums stay inside the
 // bounds of core/dq_partials.h, well above FP16's subnormals.
 void expect_partials_track(const analysis::AttentionInputs& in, const Gradients& exact, bool route_meets_bars = true) {
-  const Call det = emulate(in, {}, DqReduction::kDeterministic);
-  const Call fp16 = emulate(in, {}, DqReduction::kFp16Partials);
+  const TrainingOutputs det = emulate(in, {}, DqReduction::kDeterministic);
+  const TrainingOutputs fp16 = emulate(in, {}, DqReduction::kFp16Partials);
   ASSERT_TRUE(all_finite(fp16.grads.dq)) << "no NaN or Inf that the inputs did not have";
   const double cos_ref = compare(fp16.grads.dq.data, exact.dq.data).cosine;
   const double cos_det = compare(fp16.grads.dq.data, det.grads.dq.data).cosine;
@@ -273,8 +263,8 @@ TEST(Fp16Partials, ConstantRowsStayFiniteAndSmall) {
     std::copy_n(in.v.row(0, 0), 2 * 128, in.v.row(t, 0));
   }
   const Gradients exact = exact_gradients(in);
-  const Call fp16 = emulate(in, {}, DqReduction::kFp16Partials);
-  const Call det = emulate(in, {}, DqReduction::kDeterministic);
+  const TrainingOutputs fp16 = emulate(in, {}, DqReduction::kFp16Partials);
+  const TrainingOutputs det = emulate(in, {}, DqReduction::kDeterministic);
   ASSERT_TRUE(all_finite(fp16.grads.dq));
   EXPECT_GE(compare(fp16.grads.dq.data, exact.dq.data).cosine, 0.997);
   EXPECT_TRUE(same_bits(fp16.grads.dk, det.grads.dk));
@@ -312,8 +302,8 @@ TEST(Fp16Partials, PrefixIsolationNonCausalAndSquaresTakeTheDeterministicReducti
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     EXPECT_FALSE(c.opt.uses_fp16_partials(c.causal));
-    const Call fp16 = emulate(in, c.opt, DqReduction::kFp16Partials, c.causal);
-    const Call det = emulate(in, c.opt, DqReduction::kDeterministic, c.causal);
+    const TrainingOutputs fp16 = emulate(in, c.opt, DqReduction::kFp16Partials, c.causal);
+    const TrainingOutputs det = emulate(in, c.opt, DqReduction::kDeterministic, c.causal);
     EXPECT_TRUE(same_bits(fp16.grads.dq, det.grads.dq));
     EXPECT_TRUE(same_bits(fp16.grads.dk, det.grads.dk));
     EXPECT_TRUE(same_bits(fp16.grads.dv, det.grads.dv));
@@ -388,7 +378,7 @@ TEST(Fp16Partials, NaNScalesGiveNaNRowsExactly) {
   EXPECT_TRUE(std::isnan(formats::decode_scaled_e4m3(formats::encode_scaled_e4m3(0.0, formats::kUe8m0NaN),
                                                      formats::kUe8m0NaN)));
   EXPECT_TRUE(std::isnan(formats::round_to_fp16(0.0 + formats::round_to_fp16(std::ldexp(double(NAN), 5)))));
-  const Call c = emulate(in, {}, DqReduction::kFp16Partials);
+  const TrainingOutputs c = emulate(in, {}, DqReduction::kFp16Partials);
   for (int t = 0; t < 210; ++t)
     for (int h = 0; h < 2; ++h) {
       // dO's block32 group [0, 32) of head 1 has a NaN scale: rows 0..31; K's group [128, 150) of

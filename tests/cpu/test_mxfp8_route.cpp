@@ -17,19 +17,8 @@ namespace {
 
 using analysis::compare;
 
-struct Call {
-  ForwardOutputs fwd;
-  Gradients grads;
-  RouteStats stats;
-};
-
-Call emulate(const analysis::AttentionInputs& in, const NumericsOptions& opt, bool causal = true) {
-  const AttentionShape shape{.causal = causal};
-  Call c;
-  const auto qin = quantize_inputs(in.q, in.k, in.v, in.docs, opt);
-  c.fwd = mxfp8_forward(qin, in.docs, shape, opt, &c.stats);
-  c.grads = mxfp8_backward(qin, c.fwd, in.dout, in.docs, shape, opt, &c.stats);
-  return c;
+TrainingOutputs emulate(const analysis::AttentionInputs& in, const NumericsOptions& opt, bool causal = true) {
+  return mxfp8_training(in.q, in.k, in.v, in.dout, in.docs, {.causal = causal}, opt);
 }
 
 // docs/DESIGN.md §4 bars on the configuration: 2 documents x 1024 tokens, causal, Hq = 4, D = 128,
@@ -70,7 +59,7 @@ TEST(Mxfp8Route, AllZeroDoutRowsDoNotDisableTheDvFold) {
   for (Isolation mode : {Isolation::kDocument, Isolation::kPrefix}) {
     NumericsOptions opt;
     opt.isolation = mode;
-    const Call c = emulate(in, opt);
+    const TrainingOutputs c = emulate(in, opt);
     SCOPED_TRACE(std::string(to_string(mode)));
     EXPECT_GE(compare(c.grads.dv.data, exact_grads.dv.data).cosine, 0.997);
     EXPECT_GE(compare(c.grads.dq.data, exact_grads.dq.data).cosine, 0.997);
@@ -93,7 +82,7 @@ TEST_P(Mxfp8RouteShapes, TracksTheFp64Reference) {
     EXPECT_THROW(emulate(in, opt, causal), std::invalid_argument);
     return;
   }
-  const Call c = emulate(in, opt, causal);
+  const TrainingOutputs c = emulate(in, opt, causal);
   // The mixed route's 4-bit scores (E2M1: one mantissa bit, logits ~2^-3 relative error) cost
   // about 0.004 of cosine everywhere (seen on these shapes: O 0.9949, dQ 0.9927, dV 0.9948).
   const bool fp4 = opt.route == Route::kNvfp4Mixed;
@@ -116,7 +105,7 @@ TEST(Mxfp8Route, HadamardRotationKeepsAccuracyAndRotatesGradientsBack) {
   const auto exact_grads = reference_backward(in.q, in.k, in.v, exact.o, exact.lse, in.dout, in.docs, shape);
   NumericsOptions opt;
   opt.hadamard = true;
-  const Call c = emulate(in, opt);
+  const TrainingOutputs c = emulate(in, opt);
   EXPECT_GT(compare(c.fwd.o.data, exact.o.data).cosine, 0.998);
   EXPECT_GT(compare(c.grads.dq.data, exact_grads.dq.data).cosine, 0.996);
   EXPECT_GT(compare(c.grads.dk.data, exact_grads.dk.data).cosine, 0.996);
@@ -128,7 +117,7 @@ TEST(Mxfp8Route, NonFiniteInputReachesExactlyTheRowsThatSeeIt) {
   for (ScaleGeometry geometry : {ScaleGeometry::kBlock32, ScaleGeometry::kToken}) {
     NumericsOptions opt;
     opt.scale_geometry = geometry;
-    const Call c = emulate(in, opt);
+    const TrainingOutputs c = emulate(in, opt);
     // The NaN poisons its scale group: all of V[0, 32) under block32, only V[10] per token. A causal
     // row reads it when the group holds a key <= the row; other heads and documents stay finite.
     const int first_poisoned_row = geometry == ScaleGeometry::kBlock32 ? 0 : 10;
@@ -199,7 +188,7 @@ TEST(Mxfp8Route, PrefixModeReadsBlock32CodesOnInteriorPairsOnly) {
   EXPECT_EQ(qin.v_interior.scales, block.v.scales);
   EXPECT_NE(qin.k.scales, block.k.scales);  // the frontier's codes are per token
 
-  const Call a = emulate(in, interior), b = emulate(in, token);
+  const TrainingOutputs a = emulate(in, interior), b = emulate(in, token);
   int later_rows_differ = 0;
   for (int doc = 0; doc < in.docs.count(); ++doc)
     for (int p = 0; p < in.docs.length(doc); ++p) {
