@@ -5,16 +5,16 @@ CUDA toolkit, not a GPU); elsewhere the module is skipped with the reason.
 """
 
 import ctypes
-import os
 import pathlib
 import sys
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-LIB = os.environ.get("FLAMIA_CAPI_LIB")
-if not LIB or not pathlib.Path(LIB).exists():
-    pytest.skip("libflamia_capi.so not built (no CUDA toolkit): FLAMIA_CAPI_LIB unset", allow_module_level=True)
+from capi_library import BUILT, REASON  # noqa: E402
+
+if not BUILT:
+    pytest.skip(REASON, allow_module_level=True)
 sys.path.insert(0, str(REPO / "python"))
 
 from flamia import _capi  # noqa: E402

@@ -30,9 +30,10 @@ import subprocess
 
 import pytest
 
-LIB = os.environ.get("FLAMIA_CAPI_LIB")
-if not LIB or not pathlib.Path(LIB).exists():
-    pytest.skip("libflamia_capi.so not built (no CUDA toolkit): FLAMIA_CAPI_LIB unset", allow_module_level=True)
+from capi_library import BUILT, LIB, REASON  # noqa: E402
+
+if not BUILT:
+    pytest.skip(REASON, allow_module_level=True)
 
 # 384 threads, producers' and consumers' registers summing to 168 per thread (see above).
 WARP_SPECIALIZED_REGISTERS = 168

@@ -7,7 +7,6 @@ without it. tests/python/test_torch_op.py runs the same paths on the GPU."""
 
 import ast
 import ctypes
-import os
 import pathlib
 import sys
 
@@ -16,11 +15,9 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
 
+from capi_library import needs_library  # noqa: E402
 from flamia import _capi, _status  # noqa: E402
 
-LIB = os.environ.get("FLAMIA_CAPI_LIB")
-needs_library = pytest.mark.skipif(not LIB or not pathlib.Path(LIB).exists(),
-                                   reason="libflamia_capi.so not built (no CUDA toolkit): FLAMIA_CAPI_LIB unset")
 
 
 def test_validate_mode_defaults_to_async_and_reads_the_environment():

@@ -6,7 +6,6 @@ import ast
 import ctypes
 import dataclasses
 import math
-import os
 import pathlib
 import sys
 
@@ -15,12 +14,10 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
 
+from capi_library import needs_library  # noqa: E402
 from flamia import _capi  # noqa: E402
 from flamia._options import AttentionOptions, P_BOOST_LOG2_DEFAULT  # noqa: E402
 
-LIB = os.environ.get("FLAMIA_CAPI_LIB")
-needs_library = pytest.mark.skipif(not LIB or not pathlib.Path(LIB).exists(),
-                                   reason="libflamia_capi.so not built (no CUDA toolkit): FLAMIA_CAPI_LIB unset")
 
 
 def test_defaults_are_flamia_attention_defaults():
