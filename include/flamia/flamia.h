@@ -181,8 +181,8 @@ flamia_status flamia_backward_workspace_size(const flamia_tensor* q, const flami
  * Pass the same q, k, v, docs and options as the forward and its o and lse. q, k and v are quantized
  * again (bitwise the forward's codes). Deterministic: every output element is summed by one thread
  * in a fixed order (no atomics), so equal inputs give bitwise equal gradients; in prefix isolation
- * dq of row i depends on nothing after i. (So there is no "deterministic" option: dq summed with
- * atomics inside the dK dV pass measured slower on the H200, docs/KERNELS.md.) */
+ * dq of row i depends on nothing after i, whatever options->deterministic says (dQ from FP16
+ * partials needs the saving forward's codes: flamia_backward_saved). */
 flamia_status flamia_backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v,
                               const flamia_tensor* o, const float* lse, const flamia_tensor* dout,
                               const flamia_documents* docs, const flamia_options* options, flamia_tensor* dq,

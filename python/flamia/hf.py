@@ -53,7 +53,7 @@ def packed_boundaries(batch, length, device, kwargs):
         starts_mask[:, 0] = True  # a row never continues the previous row's document
         starts = starts_mask.reshape(-1).nonzero().flatten()
     total = torch.tensor([batch * length], device=device, dtype=starts.dtype)
-    # max_seqlen only sizes the kernels' grids: the row length bounds every document, no host sync.
+    # max_seqlen is a bound the results do not depend on: the row length bounds every document, no host sync.
     return torch.cat([starts, total]).to(torch.int32), length
 
 
