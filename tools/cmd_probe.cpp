@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "analysis/probe.h"
@@ -9,6 +10,16 @@
 #include "progress.h"
 
 namespace flamia::cli {
+namespace {
+
+// An option enum's value from its name (core/options.h), or a usage error listing the valid names.
+template <OptionEnum E>
+E parse_flag(const std::string& flag, const std::string& value) {
+  if (const std::optional<E> v = parse_option<E>(value)) return *v;
+  throw UsageError(flag + " must be " + option_names<E>() + ", got '" + value + "'");
+}
+
+}  // namespace
 
 int run_probe_command(int argc, char** argv) {
   analysis::ProbeOptions o;
@@ -34,13 +45,9 @@ int run_probe_command(int argc, char** argv) {
   args.flag("quiet", &quiet, "no progress lines on stderr");
   args.flag("force", &force, "run even when the estimate is over the limits (half the RAM, one hour)");
   if (!args.parse(argc, argv)) return 0;
-  const auto g = parse_scale_geometry(geometry);
-  if (!g) throw UsageError("--geometry must be block32 or token, got '" + geometry + "'");
-  const auto r = parse_scale_rule(rule);
-  if (!r) throw UsageError("--rule must be ceil or floor, got '" + rule + "'");
-  const auto rt = parse_route(route);
-  if (!rt) throw UsageError("--route must be mxfp8 or nvfp4_mixed, got '" + route + "'");
-  o.scale_geometry = *g, o.scale_rule = *r, o.route = *rt;
+  o.scale_geometry = parse_flag<ScaleGeometry>("--geometry", geometry);
+  o.scale_rule = parse_flag<ScaleRule>("--rule", rule);
+  o.route = parse_flag<Route>("--route", route);
   analysis::check_probe_options(o);
   // Sized before anything is allocated: a run over the limits is refused at once.
   const RunEstimate estimate = estimate_probe(o.lengths, o.other_document_growth, o.q_heads, o.kv_heads, o.head_dim);

@@ -106,6 +106,11 @@ typedef struct flamia_documents {
                                     aligned, or NULL: no record (the outputs are NaN all the same) */
 } flamia_documents;
 
+/* P's boost exponent (flamia_options.p_boost_log2): the default and the largest value; boosted P
+ * (<= 2^boost) then never exceeds E4M3's 448. */
+#define FLAMIA_P_BOOST_LOG2_DEFAULT 8
+#define FLAMIA_P_BOOST_LOG2_MAX 8
+
 typedef struct flamia_options {
   int causal;                            /* default 1 */
   float softmax_scale;                   /* > 0, or +0.0f (the default) for 1/sqrt(D); negative, -0.0f,
@@ -113,7 +118,7 @@ typedef struct flamia_options {
   flamia_isolation isolation;            /* default DOCUMENT */
   flamia_scale_geometry scale_geometry;  /* default BLOCK32 */
   flamia_scale_rule scale_rule;          /* default CEIL */
-  int p_boost_log2;                      /* default 8, in [0, 8] */
+  int p_boost_log2;                      /* default FLAMIA_P_BOOST_LOG2_DEFAULT, in [0, FLAMIA_P_BOOST_LOG2_MAX] */
   /* 0 (default): where they apply (documents of 8192 tokens or more on average, D = 128), dQ's sums
    * of the backward from saved codes (flamia_backward_saved) are FP16 partials of the dK dV pass,
    * reduced in whatever order they arrive (not bitwise repeatable); 1: a dQ pass of its own, each

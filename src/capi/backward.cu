@@ -25,12 +25,12 @@
 namespace flamia::capi {
 namespace {
 
-// Whether a backward call takes dQ from FP16 partials: the saving forward kept 1 / l_i, the caller
-// did not ask for a deterministic call, the options' reduction allows it (document isolation,
-// causal), the kernels have the instance, and dq's rows can be TMA's FP16 reduce target.
+// Whether a backward call takes dQ from FP16 partials: the saving forward kept 1 / l_i, the options
+// allow it (NumericsOptions::uses_fp16_partials: not deterministic, document isolation, causal), the
+// kernels have the instance, and dq's rows can be TMA's FP16 reduce target.
 bool takes_dq_partials(const flamia_tensor& q, const flamia_tensor& dq, const flamia_documents& docs,
                        const flamia_options& options, const NumericsOptions& numerics, QkvCodes codes) {
-  return codes == QkvCodes::kSaved && options.deterministic == 0 && numerics.isolation == Isolation::kDocument &&
+  return codes == QkvCodes::kSaved && numerics.uses_fp16_partials(options.causal == 1) &&
          cuda::sm90::dq_partials_supported(int(q.dim), options.causal == 1, numerics.interior_codes(), q.tokens,
                                            docs.num_docs) &&
          dq.stride_token % 8 == 0 && dq.stride_head % 8 == 0 && reinterpret_cast<uintptr_t>(dq.data) % 16 == 0;
@@ -45,7 +45,7 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
                    void* stream) {
   if (CallError e = validate_backward(q, k, v, o, lse, dout, docs, options, dq, dk, dv, codes); !e.ok()) return e;
   const bool saved = codes == QkvCodes::kSaved;
-  const NumericsOptions numerics = numerics_options(*options);
+  const NumericsOptions numerics = attention_options(*options).numerics;
   const bool interior = numerics.interior_codes();
   const BackwardWorkspace ws =
       backward_workspace_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, interior, codes);

@@ -69,7 +69,7 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   if (CallError e = validate_forward(q, k, v, docs, options, o, lse); !e.ok()) return e;
   const bool saving = codes == QkvCodes::kSaved;
   // Prefix isolation: per-token scales, and with block32 geometry K's and V's interior codes too.
-  const NumericsOptions numerics = numerics_options(*options);
+  const NumericsOptions numerics = attention_options(*options).numerics;
   const bool interior = numerics.interior_codes();
   const ForwardWorkspace ws =
       forward_workspace_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, interior, codes);

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string_view>
@@ -16,7 +17,6 @@
 #include "core/offsets_check.h"
 #include "core/operand_layout.h"
 #include "core/schedule.h"
-#include "reference/mxfp8_route.h"
 
 namespace flamia::capi {
 namespace {
@@ -290,6 +290,49 @@ CallError check_documents(const flamia_documents& docs, int64_t total_tokens) {
                                "docs.cu_seqlens_host", "docs.max_seqlen", nullptr);
 }
 
+// A C enum field against its core table (core/options.h): valid when an entry with a C constant
+// has the raw value; else a message listing those constants and their values.
+template <OptionEnum E>
+CallError check_c_enum(int raw, std::string_view field) {
+  std::string valid;
+  for (const EnumName<E>& e : enum_names<E>()) {
+    if (e.c_name.empty()) continue;
+    if (int(e.value) == raw) return CallError::success();
+    valid += (valid.empty() ? "" : " or ") + std::string(e.c_name) + " (" + str(int(e.value)) + ")";
+  }
+  return invalid(std::string(field) + " must be " + valid + ", got " + str(raw));
+}
+
+// Whether a flamia.h constant has the value of `value` and is the c_name of its table entry, so that
+// the table's names, check_c_enum's messages and attention_options' casts agree with the header.
+template <OptionEnum E>
+constexpr bool c_constant_matches(int constant, E value, std::string_view c_name) {
+  for (const EnumName<E>& e : enum_names<E>())
+    if (e.value == value) return constant == int(value) && e.c_name == c_name;
+  return false;
+}
+template <OptionEnum E>
+constexpr int c_constants() {
+  int n = 0;
+  for (const EnumName<E>& e : enum_names<E>()) n += e.c_name.empty() ? 0 : 1;
+  return n;
+}
+#define FLAMIA_C_CONSTANT(constant, value) \
+  static_assert(c_constant_matches(constant, value, #constant), #constant " must spell " #value " in core/options.h")
+FLAMIA_C_CONSTANT(FLAMIA_ISOLATION_DOCUMENT, Isolation::kDocument);
+FLAMIA_C_CONSTANT(FLAMIA_ISOLATION_PREFIX, Isolation::kPrefix);
+FLAMIA_C_CONSTANT(FLAMIA_SCALE_BLOCK32, ScaleGeometry::kBlock32);
+FLAMIA_C_CONSTANT(FLAMIA_SCALE_TOKEN, ScaleGeometry::kToken);
+FLAMIA_C_CONSTANT(FLAMIA_SCALE_RULE_CEIL, ScaleRule::kCeil);
+FLAMIA_C_CONSTANT(FLAMIA_SCALE_RULE_FLOOR, ScaleRule::kFloor);
+#undef FLAMIA_C_CONSTANT
+static_assert(c_constants<Isolation>() == 2 && c_constants<ScaleGeometry>() == 2 && c_constants<ScaleRule>() == 2,
+              "every C constant of an option table is checked above");
+static_assert(c_constants<Route>() == 0 && c_constants<UScaleGeometry>() == 0 && c_constants<DqReduction>() == 0,
+              "emulation-only enums have no C constants");
+static_assert(FLAMIA_P_BOOST_LOG2_DEFAULT == kPBoostLog2Default && FLAMIA_P_BOOST_LOG2_MAX == kPBoostLog2Max,
+              "flamia.h spells core/options.h's P boost default and range");
+
 CallError check_options(const flamia_options& options, int64_t head_dim) {
   if (options.causal != 0 && options.causal != 1)
     return invalid("options.causal must be 0 or 1, got " + str(options.causal));
@@ -300,29 +343,15 @@ CallError check_options(const flamia_options& options, int64_t head_dim) {
     return invalid(std::string("options.softmax_scale must be finite and > 0, or +0 for the default 1/sqrt(head_dim); got ") +
                    value);
   }
-  if (const int iso = raw_enum(options.isolation); iso != FLAMIA_ISOLATION_DOCUMENT && iso != FLAMIA_ISOLATION_PREFIX) {
-    return invalid("options.isolation must be FLAMIA_ISOLATION_DOCUMENT (0) or FLAMIA_ISOLATION_PREFIX (1), got " +
-                   str(iso));
-  }
-  if (const int geo = raw_enum(options.scale_geometry); geo != FLAMIA_SCALE_BLOCK32 && geo != FLAMIA_SCALE_TOKEN) {
-    return invalid("options.scale_geometry must be FLAMIA_SCALE_BLOCK32 (0) or FLAMIA_SCALE_TOKEN (1), got " +
-                   str(geo));
-  }
-  if (const int rule = raw_enum(options.scale_rule); rule != FLAMIA_SCALE_RULE_CEIL && rule != FLAMIA_SCALE_RULE_FLOOR) {
-    return invalid("options.scale_rule must be FLAMIA_SCALE_RULE_CEIL (0) or FLAMIA_SCALE_RULE_FLOOR (1), got " +
-                   str(rule));
-  }
+  FLAMIA_RETURN_IF_ERROR(check_c_enum<Isolation>(raw_enum(options.isolation), "options.isolation"));
+  FLAMIA_RETURN_IF_ERROR(check_c_enum<ScaleGeometry>(raw_enum(options.scale_geometry), "options.scale_geometry"));
+  FLAMIA_RETURN_IF_ERROR(check_c_enum<ScaleRule>(raw_enum(options.scale_rule), "options.scale_rule"));
   if (options.deterministic != 0 && options.deterministic != 1)
     return invalid("options.deterministic must be 0 or 1, got " + str(options.deterministic));
-  // The combination rules (prefix isolation needs a causal mask, the P boost range, ...) are the
-  // emulated route's, so the CPU spec and the C API refuse exactly the same options.
-  reference::AttentionShape shape;
-  shape.causal = options.causal == 1;
-  shape.softmax_scale = options.softmax_scale;
-  try {
-    reference::check_route_options(shape, numerics_options(options), int(head_dim));
-  } catch (const std::invalid_argument& e) {
-    return invalid(std::string("options: ") + e.what() + " (options.p_boost_log2 = " + str(options.p_boost_log2) +
+  // The combination rules are the core's (core/options.h), which the emulation applies too, so the
+  // CPU spec and the C API refuse exactly the same options.
+  if (const std::optional<std::string> e = options_error(attention_options(options), int(head_dim))) {
+    return invalid("options: " + *e + " (options.p_boost_log2 = " + str(options.p_boost_log2) +
                    ", options.causal = " + str(options.causal) + ")");
   }
   return CallError::success();
@@ -416,15 +445,17 @@ CallError offsets_status_error(const flamia_offsets_status& record) {
   return invalid(describe_offsets_error(r, "cu_seqlens"));
 }
 
-NumericsOptions numerics_options(const flamia_options& options) {
-  NumericsOptions n;
-  n.isolation = raw_enum(options.isolation) == FLAMIA_ISOLATION_PREFIX ? Isolation::kPrefix : Isolation::kDocument;
-  n.scale_geometry = raw_enum(options.scale_geometry) == FLAMIA_SCALE_TOKEN ? ScaleGeometry::kToken : ScaleGeometry::kBlock32;
-  n.scale_rule = raw_enum(options.scale_rule) == FLAMIA_SCALE_RULE_FLOOR ? ScaleRule::kFloor : ScaleRule::kCeil;
-  n.u_scale = UScaleGeometry::kRowCol;
-  n.p_boost_log2 = options.p_boost_log2;
-  n.hadamard = false;
-  return n;
+AttentionOptions attention_options(const flamia_options& options) {
+  AttentionOptions a;  // the emulation-only numerics keep their defaults: flamia_options has no field for them
+  a.shape.causal = options.causal == 1;
+  a.shape.softmax_scale = options.softmax_scale;
+  // The enums' values are the core's (the static_asserts above).
+  a.numerics.isolation = Isolation(raw_enum(options.isolation));
+  a.numerics.scale_geometry = ScaleGeometry(raw_enum(options.scale_geometry));
+  a.numerics.scale_rule = ScaleRule(raw_enum(options.scale_rule));
+  a.numerics.p_boost_log2 = options.p_boost_log2;
+  a.numerics.dq_reduction = options.deterministic == 1 ? DqReduction::kDeterministic : DqReduction::kFp16Partials;
+  return a;
 }
 
 namespace {
@@ -604,7 +635,7 @@ flamia_status workspace_size_query(const flamia_tensor* q, const flamia_tensor* 
     if (options == nullptr)
       return {FLAMIA_ERROR_INVALID_ARGUMENT, "options is NULL (flamia_default_options fills the defaults)"};
     if (CallError e = check_options(*options, q->dim); !e.ok()) return e;
-    *bytes = layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, numerics_options(*options).interior_codes())
+    *bytes = layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, attention_options(*options).numerics.interior_codes())
                  .total;
     return CallError::success();
   });
@@ -617,17 +648,15 @@ extern "C" {
 
 void flamia_default_options(flamia_options* options) {
   if (options == nullptr) return;
-  const flamia::NumericsOptions defaults;
-  options->causal = 1;
-  options->softmax_scale = 0.0f;
-  options->isolation =
-      defaults.isolation == flamia::Isolation::kPrefix ? FLAMIA_ISOLATION_PREFIX : FLAMIA_ISOLATION_DOCUMENT;
-  options->scale_geometry =
-      defaults.scale_geometry == flamia::ScaleGeometry::kToken ? FLAMIA_SCALE_TOKEN : FLAMIA_SCALE_BLOCK32;
-  options->scale_rule =
-      defaults.scale_rule == flamia::ScaleRule::kFloor ? FLAMIA_SCALE_RULE_FLOOR : FLAMIA_SCALE_RULE_CEIL;
-  options->p_boost_log2 = defaults.p_boost_log2;
-  options->deterministic = 0;
+  // The core type's defaults, so that C, the emulation and the CLI start from the same options.
+  const flamia::AttentionOptions defaults;
+  options->causal = defaults.shape.causal ? 1 : 0;
+  options->softmax_scale = float(defaults.shape.softmax_scale);
+  options->isolation = flamia_isolation(int(defaults.numerics.isolation));
+  options->scale_geometry = flamia_scale_geometry(int(defaults.numerics.scale_geometry));
+  options->scale_rule = flamia_scale_rule(int(defaults.numerics.scale_rule));
+  options->p_boost_log2 = defaults.numerics.p_boost_log2;
+  options->deterministic = defaults.numerics.dq_reduction == flamia::DqReduction::kDeterministic ? 1 : 0;
 }
 
 int flamia_abi_version(void) { return FLAMIA_ABI_VERSION; }

@@ -62,8 +62,9 @@ CallError validate_backward(const flamia_tensor* q, const flamia_tensor* k, cons
 // else INVALID_ARGUMENT with the message the host check gives for the same offsets.
 CallError offsets_status_error(const flamia_offsets_status& record);
 
-// The C options as the numerics core spells them (valid options only: check them first).
-NumericsOptions numerics_options(const flamia_options& options);
+// The C options as the core type (valid options only: check them first). The emulation-only
+// numerics (route, u_scale, hadamard) keep their defaults: the C API cannot select them.
+AttentionOptions attention_options(const flamia_options& options);
 
 // The forward's device workspace: one 256-byte aligned region per buffer, offsets from the
 // (256-byte aligned) workspace base. The size query and the call both use this one function.

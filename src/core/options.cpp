@@ -1,43 +1,33 @@
 #include "core/options.h"
 
+#include <stdexcept>
+
 namespace flamia {
 
-std::string_view to_string(Route v) { return v == Route::kNvfp4Mixed ? "nvfp4_mixed" : "mxfp8"; }
-std::string_view to_string(Isolation v) { return v == Isolation::kPrefix ? "prefix" : "document"; }
-std::string_view to_string(ScaleGeometry v) { return v == ScaleGeometry::kToken ? "token" : "block32"; }
-std::string_view to_string(ScaleRule v) { return v == ScaleRule::kFloor ? "floor" : "ceil"; }
-std::string_view to_string(UScaleGeometry v) { return v == UScaleGeometry::kSquare32 ? "square32" : "rowcol"; }
-std::string_view to_string(DqReduction v) { return v == DqReduction::kFp16Partials ? "fp16_partials" : "deterministic"; }
+std::optional<std::string> options_error(const AttentionOptions& options, int head_dim) {
+  const NumericsOptions& n = options.numerics;
+  if (n.isolation == Isolation::kPrefix && !options.shape.causal)
+    return "isolation=prefix needs causal=true: without a causal mask every query reads its future";
+  if (n.isolation == Isolation::kPrefix && n.u_scale == UScaleGeometry::kSquare32) {
+    return "u_scale=square32 shares one scale between query rows of a 32x32 square, which couples a row to later "
+           "rows; isolation=prefix needs u_scale=rowcol";
+  }
+  if (n.p_boost_log2 < 0 || n.p_boost_log2 > kPBoostLog2Max) {
+    return "p_boost_log2 must lie in [0, " + std::to_string(kPBoostLog2Max) +
+           "] so that boosted P (<= 2^boost) never exceeds 448";
+  }
+  if (n.route == Route::kNvfp4Mixed && head_dim % formats::kNvfp4Block != 0) {
+    return "route=nvfp4_mixed needs head_dim a multiple of " + std::to_string(formats::kNvfp4Block) +
+           " (NVFP4 block scales), got " + std::to_string(head_dim);
+  }
+  // The rotation works on blocks of 64 or 128 features (reference::hadamard_block_size).
+  if (n.hadamard && head_dim % 64 != 0)
+    return "hadamard=true needs head_dim a multiple of 64, got " + std::to_string(head_dim);
+  return std::nullopt;
+}
 
-std::optional<Route> parse_route(std::string_view s) {
-  if (s == "mxfp8") return Route::kMxfp8;
-  if (s == "nvfp4_mixed") return Route::kNvfp4Mixed;
-  return std::nullopt;
-}
-std::optional<Isolation> parse_isolation(std::string_view s) {
-  if (s == "document") return Isolation::kDocument;
-  if (s == "prefix") return Isolation::kPrefix;
-  return std::nullopt;
-}
-std::optional<ScaleGeometry> parse_scale_geometry(std::string_view s) {
-  if (s == "block32") return ScaleGeometry::kBlock32;
-  if (s == "token") return ScaleGeometry::kToken;
-  return std::nullopt;
-}
-std::optional<ScaleRule> parse_scale_rule(std::string_view s) {
-  if (s == "ceil") return ScaleRule::kCeil;
-  if (s == "floor") return ScaleRule::kFloor;
-  return std::nullopt;
-}
-std::optional<UScaleGeometry> parse_u_scale(std::string_view s) {
-  if (s == "rowcol") return UScaleGeometry::kRowCol;
-  if (s == "square32") return UScaleGeometry::kSquare32;
-  return std::nullopt;
-}
-std::optional<DqReduction> parse_dq_reduction(std::string_view s) {
-  if (s == "deterministic") return DqReduction::kDeterministic;
-  if (s == "fp16_partials") return DqReduction::kFp16Partials;
-  return std::nullopt;
+void check_options(const AttentionOptions& options, int head_dim) {
+  if (std::optional<std::string> e = options_error(options, head_dim)) throw std::invalid_argument(*e);
 }
 
 }  // namespace flamia

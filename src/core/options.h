@@ -2,8 +2,11 @@
 // CUDA kernels and the tests. docs/DESIGN.md §1-§3 define what each one means.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
+#include <span>
+#include <string>
 #include <string_view>
 
 #include "formats/scales.h"
@@ -43,15 +46,29 @@ enum class Route : uint8_t {
                 // other products as kMxfp8, with Q and K encoded again in E4M3 for dQ and dK (emulation only)
 };
 
+// P's boost exponent: its default and its largest value (boosted P <= 2^boost stays below E4M3's 448).
+// flamia.h's FLAMIA_P_BOOST_LOG2_DEFAULT and FLAMIA_P_BOOST_LOG2_MAX spell them for C and Python.
+inline constexpr int kPBoostLog2Default = 8;
+inline constexpr int kPBoostLog2Max = 8;
+
 struct NumericsOptions {
-  Route route = Route::kMxfp8;
   Isolation isolation = Isolation::kDocument;
   ScaleGeometry scale_geometry = ScaleGeometry::kBlock32;
   ScaleRule scale_rule = ScaleRule::kCeil;
-  UScaleGeometry u_scale = UScaleGeometry::kRowCol;
-  int p_boost_log2 = 8;    // P is rounded as E4M3(p * 2^boost * fold); docs/DESIGN.md §2, "P and its boost"
-  bool hadamard = false;   // rotate Q and K along features before quantizing (D a multiple of 64)
+  int p_boost_log2 = kPBoostLog2Default;  // P is rounded as E4M3(p * 2^boost * fold); docs/DESIGN.md §2, "P and its boost"
   DqReduction dq_reduction = DqReduction::kFp16Partials;
+
+  // Emulation only: the Hopper kernels implement the defaults alone, so the C API has no field for
+  // these and its options convert with them left as they are (capi::attention_options).
+  Route route = Route::kMxfp8;
+  UScaleGeometry u_scale = UScaleGeometry::kRowCol;
+  bool hadamard = false;  // rotate Q and K along features before quantizing (D a multiple of 64)
+
+  // Whether an emulation-only option differs from its default (no kernel runs these options).
+  bool emulation_only() const {
+    const NumericsOptions d;
+    return route != d.route || u_scale != d.u_scale || hadamard != d.hadamard;
+  }
 
   // Prefix isolation closes the 32-token groups that straddle a query by giving the loaded
   // operands per-token scales: Q and dO everywhere, K and V where a pair is not interior
@@ -77,18 +94,102 @@ struct NumericsOptions {
   }
 };
 
-// Names as they appear on the command line, in JSON and in the Python API.
-std::string_view to_string(Route v);
-std::string_view to_string(Isolation v);
-std::string_view to_string(ScaleGeometry v);
-std::string_view to_string(ScaleRule v);
-std::string_view to_string(UScaleGeometry v);
-std::string_view to_string(DqReduction v);
-std::optional<Route> parse_route(std::string_view s);
-std::optional<Isolation> parse_isolation(std::string_view s);
-std::optional<ScaleGeometry> parse_scale_geometry(std::string_view s);
-std::optional<ScaleRule> parse_scale_rule(std::string_view s);
-std::optional<UScaleGeometry> parse_u_scale(std::string_view s);
-std::optional<DqReduction> parse_dq_reduction(std::string_view s);
+// The mask and the softmax scale of a call.
+struct AttentionShape {
+  bool causal = true;
+  double softmax_scale = 0.0;  // 0 means 1/sqrt(head_dim)
+  double scale_for(int head_dim) const { return softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(double(head_dim)); }
+};
+
+// Every option of one attention call. The C API's flamia_options converts into this type
+// (capi::attention_options); the emulation takes its two parts as separate arguments.
+struct AttentionOptions {
+  AttentionShape shape;
+  NumericsOptions numerics;
+};
+
+// Why the options cannot be honoured together for this head_dim (for example prefix isolation
+// without a causal mask, or 32x32 U squares in prefix mode), or nullopt when they can.
+std::optional<std::string> options_error(const AttentionOptions& options, int head_dim);
+// The same rules, as std::invalid_argument.
+void check_options(const AttentionOptions& options, int head_dim);
+
+// ---- Names of the option enums --------------------------------------------------------------
+// One table per enum: the names as they appear on the command line, in JSON and in the Python API,
+// and the C API's constant where flamia.h has one (empty for emulation-only values).
+// capi/validate.cpp checks each c_name against the header's constant of the same value.
+template <class E>
+struct EnumName {
+  E value;
+  std::string_view name;
+  std::string_view c_name;
+};
+
+template <class E>
+struct EnumNames;  // specialized per option enum: static constexpr EnumName<E> table[]
+
+template <>
+struct EnumNames<Route> {
+  static constexpr EnumName<Route> table[] = {{Route::kMxfp8, "mxfp8", ""}, {Route::kNvfp4Mixed, "nvfp4_mixed", ""}};
+};
+template <>
+struct EnumNames<Isolation> {
+  static constexpr EnumName<Isolation> table[] = {{Isolation::kDocument, "document", "FLAMIA_ISOLATION_DOCUMENT"},
+                                                  {Isolation::kPrefix, "prefix", "FLAMIA_ISOLATION_PREFIX"}};
+};
+template <>
+struct EnumNames<ScaleGeometry> {
+  static constexpr EnumName<ScaleGeometry> table[] = {{ScaleGeometry::kBlock32, "block32", "FLAMIA_SCALE_BLOCK32"},
+                                                      {ScaleGeometry::kToken, "token", "FLAMIA_SCALE_TOKEN"}};
+};
+template <>
+struct EnumNames<ScaleRule> {
+  static constexpr EnumName<ScaleRule> table[] = {{ScaleRule::kCeil, "ceil", "FLAMIA_SCALE_RULE_CEIL"},
+                                                  {ScaleRule::kFloor, "floor", "FLAMIA_SCALE_RULE_FLOOR"}};
+};
+template <>
+struct EnumNames<UScaleGeometry> {
+  static constexpr EnumName<UScaleGeometry> table[] = {{UScaleGeometry::kRowCol, "rowcol", ""},
+                                                       {UScaleGeometry::kSquare32, "square32", ""}};
+};
+template <>
+struct EnumNames<DqReduction> {
+  static constexpr EnumName<DqReduction> table[] = {{DqReduction::kDeterministic, "deterministic", ""},
+                                                    {DqReduction::kFp16Partials, "fp16_partials", ""}};
+};
+
+template <class E>
+concept OptionEnum = requires { EnumNames<E>::table; };
+
+template <OptionEnum E>
+constexpr std::span<const EnumName<E>> enum_names() {
+  return EnumNames<E>::table;
+}
+
+template <OptionEnum E>
+constexpr std::string_view to_string(E v) {
+  for (const EnumName<E>& e : enum_names<E>())
+    if (e.value == v) return e.name;
+  return "unknown";
+}
+
+template <OptionEnum E>
+constexpr std::optional<E> parse_option(std::string_view s) {
+  for (const EnumName<E>& e : enum_names<E>())
+    if (e.name == s) return e.value;
+  return std::nullopt;
+}
+
+// The valid names for a message, e.g. "block32 or token".
+template <OptionEnum E>
+std::string option_names() {
+  std::string out;
+  const auto names = enum_names<E>();
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) out += i + 1 == names.size() ? " or " : ", ";
+    out += names[i].name;
+  }
+  return out;
+}
 
 }  // namespace flamia

@@ -171,21 +171,6 @@ void RouteStats::merge(const RouteStats& o) {
   dq_acc_max = std::max(dq_acc_max, o.dq_acc_max);
 }
 
-void check_route_options(const AttentionShape& shape, const NumericsOptions& options, int head_dim) {
-  if (options.isolation == Isolation::kPrefix && !shape.causal)
-    throw std::invalid_argument("isolation=prefix needs causal=true: without a causal mask every query reads its future");
-  if (options.isolation == Isolation::kPrefix && options.u_scale == UScaleGeometry::kSquare32)
-    throw std::invalid_argument("u_scale=square32 shares one scale between query rows of a 32x32 square, which couples "
-                                "a row to later rows; isolation=prefix needs u_scale=rowcol");
-  if (options.p_boost_log2 < 0 || options.p_boost_log2 > 8)
-    throw std::invalid_argument("p_boost_log2 must lie in [0, 8] so that boosted P (<= 2^boost) never exceeds 448");
-  if (options.route == Route::kNvfp4Mixed && head_dim % formats::kNvfp4Block != 0)
-    throw std::invalid_argument("route=nvfp4_mixed needs head_dim a multiple of " + std::to_string(formats::kNvfp4Block) +
-                                " (NVFP4 block scales), got " + std::to_string(head_dim));
-  if (options.hadamard && hadamard_block_size(head_dim) == 0)
-    throw std::invalid_argument("hadamard=true needs head_dim a multiple of 64, got " + std::to_string(head_dim));
-}
-
 QuantizedInputs quantize_inputs(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
                                 const Documents& docs, const NumericsOptions& options) {
   const ScaleGeometry geometry = options.effective_geometry();
@@ -218,7 +203,7 @@ QuantizedInputs quantize_inputs(const PackedTensor& q, const PackedTensor& k, co
 ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, const AttentionShape& shape,
                              const NumericsOptions& options, RouteStats* stats) {
   check_inputs(in, docs);
-  check_route_options(shape, options, in.q.dim);
+  check_options({shape, options}, in.q.dim);
   check_route_matches(in, options);
   const int T = in.q.tokens, Hq = in.q.heads, Hkv = in.k.heads, D = in.q.dim;
   const double scale_log2e = shape.scale_for(D) * std::numbers::log2e;
@@ -296,7 +281,7 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
                          const Documents& docs, const AttentionShape& shape, const NumericsOptions& options,
                          RouteStats* stats) {
   check_inputs(in, docs);
-  check_route_options(shape, options, in.q.dim);
+  check_options({shape, options}, in.q.dim);
   check_route_matches(in, options);
   const int T = in.q.tokens, Hq = in.q.heads, Hkv = in.k.heads, D = in.q.dim;
   const bool mixed = in.route == Route::kNvfp4Mixed;

@@ -97,8 +97,4 @@ TrainingOutputs mxfp8_training(const PackedTensor& q, const PackedTensor& k, con
                                const PackedTensor& dout, const Documents& docs, const AttentionShape& shape,
                                const NumericsOptions& options);
 
-// Throws std::invalid_argument when the options cannot be honoured together (for example
-// prefix isolation without a causal mask, or 32x32 U squares in prefix mode).
-void check_route_options(const AttentionShape& shape, const NumericsOptions& options, int head_dim);
-
 }  // namespace flamia::reference

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <vector>
 
+#include "core/options.h"
+
 namespace flamia::reference {
 
 // A packed activation tensor [tokens, heads, dim], row-major (dim fastest), held in double.
@@ -34,12 +36,8 @@ struct HeadTokenTensor {
   double at(int h, int t) const { return data[size_t(h) * tokens + t]; }
 };
 
-// Shape and masking of one attention call over packed documents.
-struct AttentionShape {
-  bool causal = true;
-  double softmax_scale = 0.0;  // 0 means 1/sqrt(head_dim)
-  double scale_for(int head_dim) const { return softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(double(head_dim)); }
-};
+// The mask and the softmax scale of one call (core/options.h).
+using flamia::AttentionShape;
 
 }  // namespace flamia::reference
 

@@ -547,25 +547,70 @@ TEST(CapiValidation, Options) {
   }
 }
 
-TEST(CapiValidation, NumericsOptionsMapping) {
+TEST(CapiValidation, AttentionOptionsMapping) {
   flamia_options o;
   flamia_default_options(&o);
-  NumericsOptions n = numerics_options(o);
+  AttentionOptions a = attention_options(o);
+  EXPECT_TRUE(a.shape.causal);
+  EXPECT_EQ(a.shape.softmax_scale, 0.0);
+  NumericsOptions n = a.numerics;
   EXPECT_EQ(n.isolation, Isolation::kDocument);
   EXPECT_EQ(n.effective_geometry(), ScaleGeometry::kBlock32);
   EXPECT_EQ(n.scale_rule, ScaleRule::kCeil);
-  EXPECT_EQ(n.p_boost_log2, 8);
+  EXPECT_EQ(n.p_boost_log2, FLAMIA_P_BOOST_LOG2_DEFAULT);
+  EXPECT_EQ(n.dq_reduction, DqReduction::kFp16Partials);
   o.isolation = FLAMIA_ISOLATION_PREFIX;
   o.scale_rule = FLAMIA_SCALE_RULE_FLOOR;
   o.p_boost_log2 = 3;
-  n = numerics_options(o);
+  o.causal = 0;
+  o.softmax_scale = 0.25f;
+  o.deterministic = 1;
+  a = attention_options(o);
+  n = a.numerics;
+  EXPECT_FALSE(a.shape.causal);
+  EXPECT_EQ(a.shape.softmax_scale, 0.25);
   EXPECT_EQ(n.isolation, Isolation::kPrefix);
   EXPECT_EQ(n.effective_geometry(), ScaleGeometry::kToken);  // prefix isolation forces per-token scales
   EXPECT_EQ(n.scale_rule, ScaleRule::kFloor);
   EXPECT_EQ(n.p_boost_log2, 3);
+  EXPECT_EQ(n.dq_reduction, DqReduction::kDeterministic);
   o.isolation = FLAMIA_ISOLATION_DOCUMENT;
   o.scale_geometry = FLAMIA_SCALE_TOKEN;
-  EXPECT_EQ(numerics_options(o).effective_geometry(), ScaleGeometry::kToken);
+  EXPECT_EQ(attention_options(o).numerics.effective_geometry(), ScaleGeometry::kToken);
+}
+
+// flamia_options has no field for the emulation-only numerics: every C combination converts with
+// them at their defaults, so no C call can select the route, the U squares or the rotation.
+TEST(CapiValidation, COptionsNeverSelectEmulationOnlyNumerics) {
+  for (flamia_isolation iso : {FLAMIA_ISOLATION_DOCUMENT, FLAMIA_ISOLATION_PREFIX})
+    for (flamia_scale_geometry geo : {FLAMIA_SCALE_BLOCK32, FLAMIA_SCALE_TOKEN})
+      for (flamia_scale_rule rule : {FLAMIA_SCALE_RULE_CEIL, FLAMIA_SCALE_RULE_FLOOR})
+        for (int flag : {0, 1}) {
+          flamia_options o;
+          flamia_default_options(&o);
+          o.isolation = iso, o.scale_geometry = geo, o.scale_rule = rule, o.causal = flag, o.deterministic = flag;
+          const NumericsOptions n = attention_options(o).numerics;
+          EXPECT_FALSE(n.emulation_only());
+          EXPECT_EQ(n.route, Route::kMxfp8);
+          EXPECT_EQ(n.u_scale, UScaleGeometry::kRowCol);
+          EXPECT_FALSE(n.hadamard);
+        }
+  NumericsOptions n;
+  EXPECT_FALSE(n.emulation_only());
+  n.hadamard = true;
+  EXPECT_TRUE(n.emulation_only());
+}
+
+// The message for a bad C enum value lists the header's constants from the core table.
+TEST(CapiValidation, BadEnumMessageListsTheConstants) {
+  Call c;
+  c.options.scale_geometry = static_cast<flamia_scale_geometry>(5);
+  EXPECT_TRUE(Fails(c.validate(), kInvalid,
+                    "options.scale_geometry must be FLAMIA_SCALE_BLOCK32 (0) or FLAMIA_SCALE_TOKEN (1), got 5"));
+  Call d;
+  d.options.isolation = static_cast<flamia_isolation>(-3);
+  EXPECT_TRUE(Fails(d.validate(), kInvalid,
+                    "options.isolation must be FLAMIA_ISOLATION_DOCUMENT (0) or FLAMIA_ISOLATION_PREFIX (1), got -3"));
 }
 
 TEST(CapiValidation, WorkspaceLayout) {

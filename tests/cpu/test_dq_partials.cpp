@@ -314,10 +314,10 @@ TEST(Fp16Partials, PrefixIsolationNonCausalAndSquaresTakeTheDeterministicReducti
 
 TEST(Fp16Partials, OptionNamesRoundTrip) {
   for (DqReduction r : {DqReduction::kDeterministic, DqReduction::kFp16Partials})
-    EXPECT_EQ(parse_dq_reduction(to_string(r)), r);
+    EXPECT_EQ(parse_option<DqReduction>(to_string(r)), r);
   EXPECT_EQ(to_string(DqReduction::kFp16Partials), "fp16_partials");
   EXPECT_EQ(to_string(DqReduction::kDeterministic), "deterministic");
-  EXPECT_FALSE(parse_dq_reduction("fp16"));
+  EXPECT_FALSE(parse_option<DqReduction>("fp16"));
 }
 
 TEST(Fp16Partials, ForwardSavesTheRowMaxProbability) {

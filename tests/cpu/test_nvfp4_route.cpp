@@ -117,10 +117,10 @@ TEST(Nvfp4MixedRoute, KeepsTheDeterministicDqReductionAndRejectsMismatchedInputs
   const AttentionShape shape{.causal = true};
   const auto qin8 = quantize_inputs(in.q, in.k, in.v, in.docs, NumericsOptions{});
   EXPECT_THROW(mxfp8_forward(qin8, in.docs, shape, mixed()), std::invalid_argument);
-  EXPECT_THROW(check_route_options(shape, mixed(), 24), std::invalid_argument);
-  EXPECT_EQ(parse_route("nvfp4_mixed"), Route::kNvfp4Mixed);
+  EXPECT_THROW(check_options({shape, mixed()}, 24), std::invalid_argument);
+  EXPECT_EQ(parse_option<Route>("nvfp4_mixed"), Route::kNvfp4Mixed);
   EXPECT_EQ(to_string(Route::kNvfp4Mixed), "nvfp4_mixed");
-  EXPECT_FALSE(parse_route("nvfp4").has_value());
+  EXPECT_FALSE(parse_option<Route>("nvfp4").has_value());
 }
 
 // Accuracy against FP64 on 2 x 512 tokens: below MXFP8 (4-bit scores) but within a few thousandths
