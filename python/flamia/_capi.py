@@ -50,6 +50,8 @@ __all__ = [
     "ISOLATION",
     "SCALE_GEOMETRY",
     "SCALE_RULE",
+    "P_BOOST_LOG2_DEFAULT",
+    "P_BOOST_LOG2_MAX",
     "OFFSETS_ERRORS",
 ]
 
@@ -97,6 +99,11 @@ OFFSETS_ERRORS = {
 ISOLATION = {"document": 0, "prefix": 1}
 SCALE_GEOMETRY = {"block32": 0, "token": 1}
 SCALE_RULE = {"ceil": 0, "floor": 1}
+
+# FLAMIA_P_BOOST_LOG2_DEFAULT and FLAMIA_P_BOOST_LOG2_MAX: flamia_options.p_boost_log2's default and
+# largest value (tests/python/test_capi_header_agreement.py reads them from the header).
+P_BOOST_LOG2_DEFAULT = 8
+P_BOOST_LOG2_MAX = 8
 
 # A C enum is an int on every ABI flamia supports (validate.cpp static_asserts the same).
 _c_enum = ctypes.c_int

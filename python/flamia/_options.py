@@ -10,9 +10,9 @@ import typing
 
 from . import _capi
 
-# struct flamia_options' default for p_boost_log2 (flamia_default_options; its C range is [0, 8]).
-P_BOOST_LOG2_DEFAULT = 8
-P_BOOST_LOG2_MAX = 8
+# struct flamia_options' default for p_boost_log2 and its largest value (the C header's).
+P_BOOST_LOG2_DEFAULT = _capi.P_BOOST_LOG2_DEFAULT
+P_BOOST_LOG2_MAX = _capi.P_BOOST_LOG2_MAX
 
 
 def _check_choice(value, name, choices):

@@ -83,6 +83,16 @@ def test_abi_version_agrees():
     assert CAPI.ABI_VERSION == version
 
 
+def header_define(name):
+    return int(re.search(rf"#define\s+{name}\s+(\d+)", HEADER).group(1))
+
+
+def test_p_boost_range_agrees():
+    # The Python options record (_options.py) takes its default and range from these.
+    assert CAPI.P_BOOST_LOG2_DEFAULT == header_define("FLAMIA_P_BOOST_LOG2_DEFAULT")
+    assert CAPI.P_BOOST_LOG2_MAX == header_define("FLAMIA_P_BOOST_LOG2_MAX")
+
+
 def test_enums_agree():
     enums = header_enums()
     assert {"flamia_status", "flamia_dtype", "flamia_isolation", "flamia_scale_geometry", "flamia_scale_rule",
