@@ -17,6 +17,7 @@
 #include "analysis/probe.h"
 #include "cuda/sm90/backward.h"
 #include "forward_harness.h"
+#include "graph_capture.h"
 #include "reference/attention_fp64.h"
 #include "reference/mxfp8_route.h"
 
@@ -147,26 +148,15 @@ TEST(Backward, IsBitwiseRepeatableAndATrainingCallReplaysFromACudaGraph) {
   EXPECT_TRUE(same_bits(first.dk, second.dk));
   EXPECT_TRUE(same_bits(first.dv, second.dv));
 
-  cudaStream_t stream;
-  FLAMIA_CUDA_CHECK(cudaStreamCreate(&stream));
   for (DeviceTensor* t : {&call.o, &call.dq, &call.dk, &call.dv})
     FLAMIA_CUDA_CHECK(cudaMemset(t->buffer.get(), 0xFF, t->buffer.bytes()));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  flamia_error err{};
-  FLAMIA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  ASSERT_EQ(call.launch_training(stream, &err), FLAMIA_SUCCESS) << err.message;
-  FLAMIA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  FLAMIA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int rep = 0; rep < 3; ++rep) FLAMIA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  FLAMIA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  CapturedCall graph([&](cudaStream_t s, flamia_error* e) { return call.launch_training(s, e); });
+  ASSERT_TRUE(graph.ok()) << graph.message();
+  graph.replay(3);
   EXPECT_TRUE(same_bits(first.forward.o, download_bf16(call.o)));
   EXPECT_TRUE(same_bits(*first.forward.dq, download_bf16(call.dq)));
   EXPECT_TRUE(same_bits(first.dk, download_bf16(call.dk)));
   EXPECT_TRUE(same_bits(first.dv, download_bf16(call.dv)));
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 // The training pair (flamia_forward_train keeps q, k and v's codes, flamia_backward_saved reads them
@@ -188,27 +178,16 @@ TEST(Backward, SavedCodesGiveBitwiseTheSameOutputsAndGradients) {
     EXPECT_TRUE(same_bits(want.dv, got.dv)) << config;
     if (config != 0) continue;
 
-    cudaStream_t stream;
-    FLAMIA_CUDA_CHECK(cudaStreamCreate(&stream));
     for (DeviceTensor* t : {&saved.o, &saved.dq, &saved.dk, &saved.dv})
       FLAMIA_CUDA_CHECK(cudaMemset(t->buffer.get(), 0xFF, t->buffer.bytes()));
     FLAMIA_CUDA_CHECK(cudaMemset(saved.saved_codes.get(), 0xFF, saved.saved_codes.bytes()));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    flamia_error err{};
-    FLAMIA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    ASSERT_EQ(saved.launch_training(stream, &err), FLAMIA_SUCCESS) << err.message;
-    FLAMIA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    FLAMIA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int rep = 0; rep < 2; ++rep) FLAMIA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    FLAMIA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    CapturedCall graph([&](cudaStream_t s, flamia_error* e) { return saved.launch_training(s, e); });
+    ASSERT_TRUE(graph.ok()) << graph.message();
+    graph.replay(2);
     EXPECT_TRUE(same_bits(want.forward.o, download_bf16(saved.o)));
     EXPECT_TRUE(same_bits(*want.forward.dq, download_bf16(saved.dq)));
     EXPECT_TRUE(same_bits(want.dk, download_bf16(saved.dk)));
     EXPECT_TRUE(same_bits(want.dv, download_bf16(saved.dv)));
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
   }
 }
 

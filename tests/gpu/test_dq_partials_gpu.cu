@@ -14,6 +14,7 @@
 #include "analysis/metrics.h"
 #include "cuda/sm90/backward.h"
 #include "forward_harness.h"
+#include "graph_capture.h"
 #include "reference/attention_fp64.h"
 
 namespace flamia::gpu_test {
@@ -182,25 +183,14 @@ TEST(DqPartials, ReplayFromACudaGraph) {
   const auto in = analysis::random_inputs({kLengths, 8, 2, 128}, 17);
   TrainingCall call(in, NumericsOptions{}, true, QkvHandOver::kSavedCodes);
   const auto eager = call.run_training();
-  cudaStream_t stream;
-  FLAMIA_CUDA_CHECK(cudaStreamCreate(&stream));
   for (DeviceTensor* t : {&call.o, &call.dq, &call.dk, &call.dv})
     FLAMIA_CUDA_CHECK(cudaMemset(t->buffer.get(), 0xFF, t->buffer.bytes()));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  flamia_error err{};
-  FLAMIA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  ASSERT_EQ(call.launch_training(stream, &err), FLAMIA_SUCCESS) << err.message;
-  FLAMIA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  FLAMIA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int rep = 0; rep < 3; ++rep) FLAMIA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  FLAMIA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  CapturedCall graph([&](cudaStream_t s, flamia_error* e) { return call.launch_training(s, e); });
+  ASSERT_TRUE(graph.ok()) << graph.message();
+  graph.replay(3);
   const auto dq = download_bf16(call.dq);
   EXPECT_GE(compare(dq.data, eager.forward.dq->data).cosine, 0.99999);
   EXPECT_TRUE(same_bits(eager.dk, download_bf16(call.dk)));
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 }  // namespace

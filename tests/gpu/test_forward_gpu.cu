@@ -13,6 +13,7 @@
 #include "analysis/metrics.h"
 #include "analysis/probe.h"
 #include "forward_harness.h"
+#include "graph_capture.h"
 #include "reference/attention_fp64.h"
 #include "reference/mxfp8_route.h"
 
@@ -116,23 +117,12 @@ TEST(Forward, IsDeterministicAndReplaysIdenticallyFromACudaGraph) {
   const auto second = call.run();
   EXPECT_EQ(0, std::memcmp(first.o.data.data(), second.o.data.data(), first.o.data.size() * sizeof(double)));
 
-  cudaStream_t stream;
-  FLAMIA_CUDA_CHECK(cudaStreamCreate(&stream));
   FLAMIA_CUDA_CHECK(cudaMemset(call.o.buffer.get(), 0xFF, call.o.buffer.bytes()));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  flamia_error err{};
-  FLAMIA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  ASSERT_EQ(call.launch(stream, &err), FLAMIA_SUCCESS) << err.message;
-  FLAMIA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  FLAMIA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int rep = 0; rep < 3; ++rep) FLAMIA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  FLAMIA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  CapturedCall graph([&](cudaStream_t s, flamia_error* e) { return call.launch(s, e); });
+  ASSERT_TRUE(graph.ok()) << graph.message();
+  graph.replay(3);
   const auto replay = download_bf16(call.o);
   EXPECT_EQ(0, std::memcmp(first.o.data.data(), replay.data.data(), first.o.data.size() * sizeof(double)));
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 TEST(Forward, NonFiniteInputStaysInsideItsScaleGroupAndDocument) {

@@ -15,6 +15,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/documents.h"
@@ -23,6 +24,7 @@
 #include "cuda/schedule/work_order.cuh"
 #include "cuda/sm90/backward.h"
 #include "forward_harness.h"
+#include "graph_capture.h"
 
 namespace flamia::gpu_test {
 namespace {
@@ -325,6 +327,16 @@ TEST(OffsetsValidationMore, TheDevicesRecordIsTheHostRulesOnRandomOffsets) {
   ASSERT_GT(num_docs + 1, 1024) << "more entries than the builder has threads";
 }
 
+// Two training calls' o, lse, dq, dk and dv, expected bitwise equal.
+void expect_same_results(const TrainingCall::Result& a, const TrainingCall::Result& b) {
+  for (const auto& [name, x, y] : {std::tuple{"o", &a.forward.o.data, &b.forward.o.data},
+                                   {"lse", &a.forward.lse.data, &b.forward.lse.data},
+                                   {"dq", &a.forward.dq->data, &b.forward.dq->data},
+                                   {"dk", &a.dk.data, &b.dk.data},
+                                   {"dv", &a.dv.data, &b.dv.data}})
+    EXPECT_EQ(*x, *y) << name;
+}
+
 // Valid offsets with a status word: the word stays zero, every output element is written (the
 // outputs start as NaN), and the results are bitwise those of a call without the word. Empty
 // documents first, in the middle and last: rows outside every document do not exist when the
@@ -344,11 +356,7 @@ TEST(OffsetsValidationMore, ValidOffsetsLeaveTheWordAloneAndWriteEveryOutput) {
     for (const auto& [t, name] : {std::pair{&with.o, "o"}, {&with.dq, "dq"}, {&with.dk, "dk"}, {&with.dv, "dv"}})
       EXPECT_TRUE(none_nan(count_bf16(*t), name));
     EXPECT_TRUE(none_nan(count_fp32(with.lse), "lse"));
-    EXPECT_EQ(a.forward.o.data, b.forward.o.data);
-    EXPECT_EQ(a.forward.lse.data, b.forward.lse.data);
-    EXPECT_EQ(a.forward.dq->data, b.forward.dq->data);
-    EXPECT_EQ(a.dk.data, b.dk.data);
-    EXPECT_EQ(a.dv.data, b.dv.data);
+    expect_same_results(a, b);
   }
 }
 
@@ -364,11 +372,7 @@ TEST(OffsetsValidationMore, ASmallMaxSeqlenNeverTruncatesADocument) {
     small.docs.cu_seqlens_host = nullptr;  // the host copy's check would refuse the bound
     ASSERT_EQ(right.docs.max_seqlen, 5000);
     const auto a = right.run_training(), b = small.run_training();
-    EXPECT_EQ(a.forward.o.data, b.forward.o.data);
-    EXPECT_EQ(a.forward.lse.data, b.forward.lse.data);
-    EXPECT_EQ(a.forward.dq->data, b.forward.dq->data);
-    EXPECT_EQ(a.dk.data, b.dk.data);
-    EXPECT_EQ(a.dv.data, b.dv.data);
+    expect_same_results(a, b);
   }
 }
 
@@ -382,17 +386,9 @@ TEST(OffsetsValidationMore, GraphReplayChecksTheOffsetsItFinds) {
       DeviceStatus status;
       TrainingCall call = malformed_call(isolation_options(iso), hand_over, {0, 100, 300}, status.get());
       call.options.deterministic = 1;
-      cudaStream_t stream;
-      FLAMIA_CUDA_CHECK(cudaStreamCreate(&stream));
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      flamia_error err{};
-      FLAMIA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-      ASSERT_EQ(call.launch_training(stream, &err), FLAMIA_SUCCESS) << err.message;
-      FLAMIA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-      FLAMIA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      FLAMIA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-      FLAMIA_CUDA_CHECK(cudaStreamSynchronize(stream));
+      CapturedCall graph([&](cudaStream_t s, flamia_error* e) { return call.launch_training(s, e); });
+      ASSERT_TRUE(graph.ok()) << graph.message();
+      graph.replay();
       EXPECT_EQ(status.read().error, FLAMIA_OFFSETS_OK);
       const auto good_o = download_bf16(call.o), good_dq = download_bf16(call.dq), good_dk = download_bf16(call.dk),
                  good_dv = download_bf16(call.dv);
@@ -402,8 +398,7 @@ TEST(OffsetsValidationMore, GraphReplayChecksTheOffsetsItFinds) {
       for (const Malformed& m : kMalformed) {
         upload_cu(call, m.cu);  // the captured offsets tensor, overwritten
         status.clear();
-        FLAMIA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-        FLAMIA_CUDA_CHECK(cudaStreamSynchronize(stream));
+        graph.replay();
         EXPECT_TRUE(same_record(status.read(), m.record)) << m.name << ": " << describe(status.read());
         for (const auto& [t, name] : {std::pair{&call.o, "o"}, {&call.dq, "dq"}, {&call.dk, "dk"}, {&call.dv, "dv"}})
           EXPECT_TRUE(all_nan(count_bf16(*t), name)) << m.name;
@@ -412,16 +407,12 @@ TEST(OffsetsValidationMore, GraphReplayChecksTheOffsetsItFinds) {
 
       upload_cu(call, {0, 100, 300});
       status.clear();
-      FLAMIA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-      FLAMIA_CUDA_CHECK(cudaStreamSynchronize(stream));
+      graph.replay();
       EXPECT_EQ(status.read().error, FLAMIA_OFFSETS_OK);
       EXPECT_EQ(download_bf16(call.o).data, good_o.data);
       EXPECT_EQ(download_bf16(call.dq).data, good_dq.data);
       EXPECT_EQ(download_bf16(call.dk).data, good_dk.data);
       EXPECT_EQ(download_bf16(call.dv).data, good_dv.data);
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
-      cudaStreamDestroy(stream);
     }
   }
 }

@@ -12,14 +12,9 @@ otherwise (the host side runs on the CPU in tests/python/test_offsets_status.py)
 """
 
 import pytest
+from torch_sm90 import require_torch_sm90
 
-torch = pytest.importorskip("torch", reason="flamia's PyTorch op tests need torch")
-
-if not torch.cuda.is_available():
-    pytest.skip("flamia's PyTorch op tests need a CUDA device", allow_module_level=True)
-if torch.cuda.get_device_capability() != (9, 0):
-    pytest.skip(f"flamia's kernels are built for sm_90a only; this GPU is sm_"
-                f"{''.join(map(str, torch.cuda.get_device_capability()))}", allow_module_level=True)
+torch = require_torch_sm90()
 
 import flamia  # noqa: E402
 from flamia import FlamiaError  # noqa: E402
