@@ -76,10 +76,12 @@ void check_probe_options(const ProbeOptions& o) {
   if (o.q_heads < 1 || o.kv_heads < 1 || o.q_heads % o.kv_heads != 0)
     throw std::invalid_argument("--heads must be a positive multiple of --kv-heads");
   if (o.head_dim < 1) throw std::invalid_argument("--dim must be >= 1");
-  if (o.route == Route::kNvfp4Mixed && o.head_dim % formats::kNvfp4Block != 0)
-    throw std::invalid_argument("--route nvfp4_mixed needs --dim a multiple of 16 (NVFP4 block scales)");
-  if (o.hadamard && reference::hadamard_block_size(o.head_dim) == 0)
-    throw std::invalid_argument("--hadamard needs --dim a multiple of 64");
+  // The route's own rules (head_dim for NVFP4 and the rotation) are the core's, as in every call.
+  AttentionOptions route;
+  route.shape.causal = true;
+  route.numerics.route = o.route;
+  route.numerics.hadamard = o.hadamard;
+  if (const std::optional<std::string> e = options_error(route, o.head_dim)) throw std::invalid_argument(*e);
   if (o.suffix_boost_log2 < 1 || o.suffix_boost_log2 > 60) throw std::invalid_argument("suffix boost must lie in [1, 60]");
 }
 

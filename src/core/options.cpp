@@ -1,11 +1,15 @@
 #include "core/options.h"
 
+#include <cmath>
 #include <stdexcept>
 
 namespace flamia {
 
 std::optional<std::string> options_error(const AttentionOptions& options, int head_dim) {
   const NumericsOptions& n = options.numerics;
+  const double scale = options.shape.softmax_scale;
+  if (!std::isfinite(scale) || scale < 0)
+    return "softmax_scale must be finite and > 0, or 0 for the default 1/sqrt(head_dim); got " + std::to_string(scale);
   if (n.isolation == Isolation::kPrefix && !options.shape.causal)
     return "isolation=prefix needs causal=true: without a causal mask every query reads its future";
   if (n.isolation == Isolation::kPrefix && n.u_scale == UScaleGeometry::kSquare32) {

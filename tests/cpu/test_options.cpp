@@ -2,6 +2,7 @@
 // rules that refuse options which cannot be honoured together (the C API and the emulation share them).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -103,6 +104,18 @@ TEST(OptionsCheck, RefusesWhatCannotBeHonouredTogether) {
   EXPECT_EQ(error_of(rotated, 192), "");
   EXPECT_EQ(error_of(rotated, 96), "hadamard=true needs head_dim a multiple of 64, got 96");
   EXPECT_THROW(check_options(rotated, 96), std::invalid_argument);
+
+  // 0 is the default 1/sqrt(head_dim); a negative or non-finite scale is refused, as in the C API.
+  for (double scale : {0.0, 0.125, 3.0}) {
+    AttentionOptions o;
+    o.shape.softmax_scale = scale;
+    EXPECT_EQ(error_of(o, 64), "") << scale;
+  }
+  for (double scale : {-0.125, std::nan(""), HUGE_VAL}) {
+    AttentionOptions o;
+    o.shape.softmax_scale = scale;
+    EXPECT_NE(error_of(o, 64).find("softmax_scale must be finite and > 0"), std::string::npos) << scale;
+  }
 }
 
 }  // namespace
