@@ -268,15 +268,25 @@ __device__ __forceinline__ void store_query_consts(const QueryInputs& in, int ga
 __device__ __forceinline__ bool visible(int query, int q_first, int len) {
   return unsigned(query - q_first) < unsigned(len - q_first);
 }
+// The visible pairs of a masked step: key row r sees queries q_first[r] <= q0 + i < len.
+struct VisiblePairs {
+  int q0, q_first0, q_first1, len;
+  __device__ bool operator()(int i, int r) const { return visible(q0 + i, r ? q_first1 : q_first0, len); }
+};
+// A consumer thread's two key rows (g and g + 8 of its warp's 16): their factors in the exponent and E.
+struct KeyRowFactors {
+  float k_factor[2];  // 2^ek_j scale log2(e)
+  float v_pow[2];     // 2^ev_j
+};
 
 // A masked tile (pairs some key must not enter), element by element as the emulation states it:
 // P~ = E4M3(p 2^(boost + eg - gamma)) packed into pa (dV's A operand) step by step, so that S^T's
 // registers free up early (dK, dV and S^T, E^T would not fit in registers together at D = 128);
 // e becomes U 2^eq (dK's, before tau); both 0 on invisible pairs; amax the key row's max of |U 2^eq|.
 __device__ __forceinline__ void masked_pu(const float (&s)[kQueryTile / 2], float (&e)[kQueryTile / 2],
-                                          const QueryTileConsts& qc, const float (&k_factor)[2],
-                                          const float (&v_pow)[2], const int (&q_first)[2], int len, int q0, int t,
-                                          float (&amax)[2], uint32_t (&pa)[kQueryTile / 32][4]) {
+                                          const QueryTileConsts& qc, const KeyRowFactors& keys,
+                                          const VisiblePairs& pairs, int t, float (&amax)[2],
+                                          uint32_t (&pa)[kQueryTile / 32][4]) {
 #pragma unroll
   for (int kk = 0; kk < kQueryTile / 32; ++kk) {
     float pf[4][4];
@@ -288,10 +298,10 @@ __device__ __forceinline__ void masked_pu(const float (&s)[kQueryTile / 2], floa
         const int r = el >> 1, i = (kk * 4 + b) * 8 + 2 * t + (el & 1);
         // Computed on every pair, an invisible pair's values then dropped by the selects (a branch
         // per element had cost dK dV 9% on tiny-unaligned).
-        const bool pair_visible = visible(q0 + i, q_first[r], len);
+        const bool pair_visible = pairs(i, r);
         const float4 c = qc.c[i];  // q_pow, g_pow, p_fold, -lse2
-        const float pij = exp2f(s[x] * k_factor[r] * c.x + c.w);
-        const float eij = e[x] * v_pow[r] * c.y;
+        const float pij = exp2f(s[x] * keys.k_factor[r] * c.x + c.w);
+        const float eij = e[x] * keys.v_pow[r] * c.y;
         const float w = pair_visible ? pij * (eij - qc.delta[i]) * c.x : 0.f;
         pf[b][el] = pair_visible ? pij * c.z : 0.f;
         e[x] = w;
@@ -308,9 +318,8 @@ __device__ __forceinline__ void masked_pu(const float (&s)[kQueryTile / 2], floa
 // |E - D| 2^eq or 2^(boost + eg - gamma): nothing next to the rows' probability mass), fmaxf for
 // the max (a NaN U element still makes its E4M3 code, and so the key's dK, NaN).
 __device__ __forceinline__ void interior_pu(const float (&s)[kQueryTile / 2], float (&e)[kQueryTile / 2],
-                                            const QueryTileConsts& qc, const float (&k_factor)[2],
-                                            const float (&v_pow)[2], int t, float (&amax)[2],
-                                            uint32_t (&pa)[kQueryTile / 32][4]) {
+                                            const QueryTileConsts& qc, const KeyRowFactors& keys, int t,
+                                            float (&amax)[2], uint32_t (&pa)[kQueryTile / 32][4]) {
   // Two partial maxima per row (exact in any order): shorter dependency chains.
   float part_max[2][2] = {{amax[0], amax[0]}, {amax[1], amax[1]}};
 #pragma unroll
@@ -325,8 +334,8 @@ __device__ __forceinline__ void interior_pu(const float (&s)[kQueryTile / 2], fl
       for (int el = 0; el < 4; ++el) {
         const int r = el >> 1, x = nb * 4 + el;
         const float4 c = c2[el & 1];
-        const float pij = exp2_ftz(fmaf(s[x] * c.x, k_factor[r], c.w));
-        const float w = pij * (e[x] * v_pow[r] * c.y - ((el & 1) ? dl.y : dl.x)) * c.x;
+        const float pij = exp2_ftz(fmaf(s[x] * c.x, keys.k_factor[r], c.w));
+        const float w = pij * (e[x] * keys.v_pow[r] * c.y - ((el & 1) ? dl.y : dl.x)) * c.x;
         pf[b][el] = pij * c.z;
         e[x] = w;
         part_max[r][b & 1] = fmaxf(part_max[r][b & 1], fabsf(w));
@@ -343,16 +352,15 @@ __device__ __forceinline__ void interior_pu(const float (&s)[kQueryTile / 2], fl
 // products of powers of two exact, so each keeps interior_pu's one rounding (except where those
 // products leave the float range: scales near 2^+-126).
 __device__ __forceinline__ void interior_pu_grouped(const float (&s)[kQueryTile / 2], float (&e)[kQueryTile / 2],
-                                                    const QueryTileConsts& qc, const float (&k_factor)[2],
-                                                    const float (&v_pow)[2], int t, float (&amax)[2],
-                                                    uint32_t (&pa)[kQueryTile / 32][4]) {
+                                                    const QueryTileConsts& qc, const KeyRowFactors& keys, int t,
+                                                    float (&amax)[2], uint32_t (&pa)[kQueryTile / 32][4]) {
   static_assert(tiling::kScaleBlock == 32, "one 32-query group per k32 step of the P operand");
   float part_max[2][2] = {{amax[0], amax[0]}, {amax[1], amax[1]}};
 #pragma unroll
   for (int kk = 0; kk < kQueryTile / 32; ++kk) {  // step kk holds query group kk
     const float4 cg = qc.c[kk * 32];              // the group's 2^eq, 2^eg, dV fold (its first query's)
-    const float exponent_factor[2] = {cg.x * k_factor[0], cg.x * k_factor[1]};
-    const float e_factor[2] = {v_pow[0] * cg.y, v_pow[1] * cg.y};
+    const float exponent_factor[2] = {cg.x * keys.k_factor[0], cg.x * keys.k_factor[1]};
+    const float e_factor[2] = {keys.v_pow[0] * cg.y, keys.v_pow[1] * cg.y};
     float pf[4][4];
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
@@ -374,11 +382,6 @@ __device__ __forceinline__ void interior_pu_grouped(const float (&s)[kQueryTile 
   for (int r = 0; r < 2; ++r) amax[r] = fmaxf(part_max[r][0], part_max[r][1]);
 }
 
-// The visible pairs of a masked step: key row r sees queries q_first[r] <= q0 + i < len.
-struct VisiblePairs {
-  int q0, q_first0, q_first1, len;
-  __device__ bool operator()(int i, int r) const { return visible(q0 + i, r ? q_first1 : q_first0, len); }
-};
 // U~'s codes for the dQ partial, E4M3((U 2^eq) 2^ek_j 2^(-eq_i - sigma_i)) from e = U 2^eq (dK's,
 // before tau), four per word as store_u_transposed takes them; kMasked: 0 on invisible pairs.
 template <bool kMasked>
@@ -574,6 +577,58 @@ __device__ __forceinline__ void produce_items(const DkdvArgs& args, DkdvShared<D
 }
 
 // --- consumers ---------------------------------------------------------------------------------
+// A step's dQ partial rows: the query head, the tile's first token and this thread's two rows'
+// factors 2^(sigma_i + beta_i) (0 past the document end).
+struct DqPartialRows {
+  int head;
+  int first_token;
+  float factor0, factor1;
+};
+// The step's dQ partial (FP16 partials): U~ . K for this consumer's kDqFeatures features, times the
+// rows' factors, as FP16 into this consumer's out tile; each warp's lane 0 adds the warp's 16 rows
+// into dQ's accumulator (TMA reduce-add) once its lanes wrote them, with no barrier across the
+// warpgroup. dq_tile: the accumulator registers to use.
+template <int D>
+__device__ __forceinline__ void add_dq_partial(const DkdvArgs& args, DqPartialBuffers<D>& partials,
+                                               const DqPartialRows& rows, int use,
+                                               float (&dq_tile)[kDqFeatures / 2]) {
+  const auto [consumer, warp, lane, g, t] = consumer_thread();
+  const int warp_in_group = warp % 4;
+  const float row_factor[2] = {rows.factor0, rows.factor1};
+  wgmma_fence();
+  rows_product<kKeyRows, kDqFeatures, SmemLayout::kSwizzle128B>(dq_tile, partials.u[use & 1],
+                                                                 partials.kt + consumer * kDqFeatures * kKeyRows);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_accumulators(dq_tile);
+  const uint32_t out = smem_address(partials.out[consumer][use & 1]);
+  dq_partials::store_partial_fp16(out, dq_tile, row_factor, warp_in_group, lane);
+  dq_partials::fence_shared_for_async();
+  __syncwarp();
+  if (lane == 0) {
+    dq_partials::tma_reduce_add(args.dq_map, out + warp_in_group * kDqWarpRows * dq_partials::kRowBytes,
+                                consumer * kDqFeatures, rows.head, rows.first_token + warp_in_group * kDqWarpRows);
+    dq_partials::bulk_commit();
+    dq_partials::bulk_wait_read<1>();  // the out tile of use - 1 is free for use + 1
+  }
+}
+
+// The epilogue: an item's dK (times the softmax scale) and dV (times 2^(gamma - boost), undoing
+// P~'s fold) rows as BF16; keys past the document end are not stored.
+template <int D>
+__device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const DkdvWork& w, const int (&keys)[2],
+                                            const float (&dk_acc)[D / 2], const float (&dv_acc)[D / 2], int t) {
+  const float dv_factor = w.gamma == kNaNExponent ? pow2i(kNaNExponent) : pow2i(w.gamma - p.p_boost_log2);
+  auto* dk = static_cast<__nv_bfloat16*>(p.dk);
+  auto* dv = static_cast<__nv_bfloat16*>(p.dv);
+  for (int r = 0; r < 2; ++r) {
+    const bool in_doc = keys[r] < w.d.len;
+    const int64_t token = w.d.begin + (in_doc ? keys[r] : 0);
+    store_row_bf16(dk_acc, r, p.softmax_scale, dk + token * p.dk_stride_token + w.kvh * p.dk_stride_head, t, in_doc);
+    store_row_bf16(dv_acc, r, dv_factor, dv + token * p.dv_stride_token + w.kvh * p.dv_stride_head, t, in_doc);
+  }
+}
+
 // A warpgroup of 64 keys of one item (key buffer b, steps at the ring's uses step_uses..); per step:
 // S^T and E^T, P~ and U (into pa and e), tau, dV += P~^T.dO and dK += 2^tau U~^T.Q, then the stage
 // is released.
@@ -590,15 +645,15 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
   const int block_keys[2] = {warp * 16 + g, warp * 16 + g + 8};  // of the item's 128
   const int keys[2] = {w.k0 + block_keys[0], w.k0 + block_keys[1]};
   const float scale_log2e = p.softmax_scale * kLog2e;
-  float k_factor[2], v_pow[2];  // 2^ek_j scale log2(e), 2^ev_j
+  KeyRowFactors key_rows;
   auto key_factors = [&](const uint8_t* k_scale, const uint8_t* v_scale) {
     for (int r = 0; r < 2; ++r) {
-      k_factor[r] = pow2_of_scale(k_scale[block_keys[r]]) * scale_log2e;
-      v_pow[r] = pow2_of_scale(v_scale[block_keys[r]]);
+      key_rows.k_factor[r] = pow2_of_scale(k_scale[block_keys[r]]) * scale_log2e;
+      key_rows.v_pow[r] = pow2_of_scale(v_scale[block_keys[r]]);
     }
   };
   key_factors(sm.info[b].k_scale, sm.info[b].v_scale);
-  bool factors_interior = false;  // whose factors k_factor and v_pow hold
+  bool factors_interior = false;  // whose factors key_rows holds
   constexpr SmemLayout kRowsLayout = kSwizzleFor<D>, kTransposedLayout = kSwizzleFor<kQueryTile>;
   const uint8_t* k_rows = sm.k[b] + wg_key * D;
   const uint8_t* v_rows = sm.v[b] + wg_key * D;
@@ -644,11 +699,12 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
     float amax[2] = {0.f, 0.f};
     uint32_t pa[kQueryTile / 32][4], ua[kQueryTile / 32][4];
     const bool interior = q0 + kQueryTile <= d.len && (!p.causal || w.k0 + wg_key + kWarpgroupRows - 1 <= q0);
+    const VisiblePairs pairs{q0, q_first[0], q_first[1], d.len};
     if (interior) {
-      if (p.group_scales) interior_pu_grouped(s, e, st.consts, k_factor, v_pow, t, amax, pa);
-      else interior_pu(s, e, st.consts, k_factor, v_pow, t, amax, pa);
+      if (p.group_scales) interior_pu_grouped(s, e, st.consts, key_rows, t, amax, pa);
+      else interior_pu(s, e, st.consts, key_rows, t, amax, pa);
     } else {
-      masked_pu(s, e, st.consts, k_factor, v_pow, q_first, d.len, q0, t, amax, pa);
+      masked_pu(s, e, st.consts, key_rows, pairs, t, amax, pa);
     }
     const RowScales tau = ceil_row_scales(amax);
     pack_a_operand_scaled<kQueryTile>(e, tau.inv, ua);
@@ -661,7 +717,7 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
       for (int r = 0; r < 2; ++r) k_pow[r] = pow2_of_scale(sm.info[b].k_scale[block_keys[r]]);
       // Interior steps have no invisible pair: a loop of their own without the selects.
       if (interior) dq_partials_u_codes<false>(e, st.consts, k_pow, t, VisiblePairs{}, u_words);
-      else dq_partials_u_codes<true>(e, st.consts, k_pow, t, VisiblePairs{q0, q_first[0], q_first[1], d.len}, u_words);
+      else dq_partials_u_codes<true>(e, st.consts, k_pow, t, pairs, u_words);
       dq_partials::store_u_transposed<kQueryTile>(smem_address(sm.tail.partials.u[use & 1]), u_words, warp, lane);
       dq_partials::fence_shared_for_async();
     }
@@ -700,37 +756,17 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
     }
     fence_accumulators(dv_acc);
     if constexpr (kDqPartials) {
-      // dQ partial = U~ . K (this consumer's kDqFeatures features), times 2^(sigma_i + beta_i), 0 on
-      // rows past the document end, as FP16 into this consumer's out tile; each warp's lane 0 adds
-      // the warp's 16 rows into dQ's accumulator (TMA reduce-add) once its lanes wrote them, with no
-      // barrier across the warpgroup.
-      const int warp_in_group = warp % 4;
-      float row_factor[2];
+      float row_factor[2];  // 2^(sigma_i + beta_i) of this thread's rows, 0 past the document end
       for (int r = 0; r < 2; ++r) {
-        const int row = 16 * warp_in_group + g + 8 * r;
+        const int row = 16 * (warp % 4) + g + 8 * r;
         row_factor[r] = q0 + row < d.len ? st.consts.dq_out[row] : 0.f;
       }
       if (lane == 0) sm.ring.arrive_empty(use);  // this warp is done with the step's tiles
       // In part_tile's registers: its dK sums come first, not sunk below the dQ product's issue
       // (a tile of its own there raised the step's register peak by 32).
       static_assert(kDqFeatures == kDkPartFeatures, "the dQ partial reuses dK's part tile");
-      float (&dq_tile)[kDqFeatures / 2] = part_tile;
-      wgmma_fence();
-      rows_product<kKeyRows, kDqFeatures, SmemLayout::kSwizzle128B>(
-          dq_tile, sm.tail.partials.u[use & 1], sm.tail.partials.kt + consumer * kDqFeatures * kKeyRows);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_accumulators(dq_tile);
-      const uint32_t out = smem_address(sm.tail.partials.out[consumer][use & 1]);
-      dq_partials::store_partial_fp16(out, dq_tile, row_factor, warp_in_group, lane);
-      dq_partials::fence_shared_for_async();
-      __syncwarp();
-      if (lane == 0) {
-        dq_partials::tma_reduce_add(args.dq_map, out + warp_in_group * kDqWarpRows * dq_partials::kRowBytes,
-                                    consumer * kDqFeatures, at.head, d.begin + q0 + warp_in_group * kDqWarpRows);
-        dq_partials::bulk_commit();
-        dq_partials::bulk_wait_read<1>();  // the out tile of use - 1 is free for use + 1
-      }
+      add_dq_partial(args, sm.tail.partials, DqPartialRows{at.head, d.begin + q0, row_factor[0], row_factor[1]}, use,
+                     part_tile);
     } else {
       if (lane == 0) sm.ring.arrive_empty(use);  // this warp is done with the step's tiles
     }
@@ -739,15 +775,7 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
   // and with the interior keys
   if (has_interior_steps<kInteriorCodes>(w) && lane == 0) sm.interior_ring.arrive_empty(interior_use);
 
-  const float dv_factor = w.gamma == kNaNExponent ? pow2i(kNaNExponent) : pow2i(w.gamma - p.p_boost_log2);
-  auto* dk = static_cast<__nv_bfloat16*>(p.dk);
-  auto* dv = static_cast<__nv_bfloat16*>(p.dv);
-  for (int r = 0; r < 2; ++r) {
-    const bool in_doc = keys[r] < d.len;
-    const int64_t token = d.begin + (in_doc ? keys[r] : 0);
-    store_row_bf16(dk_acc, r, p.softmax_scale, dk + token * p.dk_stride_token + w.kvh * p.dk_stride_head, t, in_doc);
-    store_row_bf16(dv_acc, r, dv_factor, dv + token * p.dv_stride_token + w.kvh * p.dv_stride_head, t, in_doc);
-  }
+  store_dk_dv<D>(p, w, keys, dk_acc, dv_acc, t);
 }
 
 // kTurns: the grid schedule's consumers take turns (attention_shape.h's consumers_take_turns); the

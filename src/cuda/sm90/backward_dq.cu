@@ -142,16 +142,25 @@ struct DqRows {
   float delta[2];     // D_i
 };
 
-// A masked tile (keys some row must not see): the interior tile's arithmetic (below) on visible
-// pairs, U = 0 elsewhere, with the NaN-propagating row max. s becomes U_ij 2^ek_j, amax its row
-// max of |.|.
+// The keys a thread's two rows see: row r those before end[r] (document positions; none past the
+// document end).
+struct VisibleKeys {
+  int end[2];
+  __device__ static VisibleKeys of(const int (&rows)[2], const DocumentSpan& d, bool causal) {
+    VisibleKeys v;
+    for (int r = 0; r < 2; ++r) v.end[r] = rows[r] >= d.len ? 0 : causal ? rows[r] + 1 : d.len;
+    return v;
+  }
+};
+
+// A masked tile (keys some row must not see; the tile's first key k0): the interior tile's
+// arithmetic (below) on visible pairs, U = 0 elsewhere, with the NaN-propagating row max. s becomes
+// U_ij 2^ek_j, amax its row max of |.|.
 template <int D>
 __device__ __forceinline__ void masked_u(float (&s)[kKeyTile / 2], const float (&e)[kKeyTile / 2], const DqKeyStage<D>& st,
-                                         const DqRows& rw, const int (&rows)[2], const DocumentSpan& d, int k0,
-                                         bool causal, int t, float (&amax)[2]) {
+                                         const DqRows& rw, const VisibleKeys& visible, int k0, int t,
+                                         float (&amax)[2]) {
   const float neg_lse2[2] = {-rw.lse2[0], -rw.lse2[1]};
-  int key_end[2];  // row r sees the keys before key_end[r] (document positions)
-  for (int r = 0; r < 2; ++r) key_end[r] = rows[r] >= d.len ? 0 : causal ? rows[r] + 1 : d.len;
 #pragma unroll
   for (int nb = 0; nb < kKeyTile / 8; ++nb) {
     const float2 kp = lane_key_factor_pair(st.k_pow, nb, t), vp = lane_key_factor_pair(st.v_pow, nb, t);
@@ -161,7 +170,7 @@ __device__ __forceinline__ void masked_u(float (&s)[kKeyTile / 2], const float (
       const float k_pow = (el & 1) ? kp.y : kp.x, v_pow = (el & 1) ? vp.y : vp.x;
       const float pij = exp2_ftz(fmaf(s[x] * k_pow, rw.q_factor[r], neg_lse2[r]));
       const float w = pij * (e[x] * v_pow * rw.g_pow[r] - rw.delta[r]) * k_pow;
-      s[x] = key < key_end[r] ? w : 0.f;
+      s[x] = key < visible.end[r] ? w : 0.f;
       amax[r] = nan_max(amax[r], fabsf(s[x]));
     }
   }
@@ -389,7 +398,7 @@ __device__ __forceinline__ void consume(const DqArgs& args, const DqWork& w, int
       if (kInteriorCodes ? tile_codes<true>(w, i) == 1 : p.group_scales) interior_u_grouped(s, e, st, rw, amax);
       else interior_u(s, e, st, rw, t, amax);
     } else {
-      masked_u(s, e, st, rw, rows, d, k0, p.causal, t, amax);
+      masked_u(s, e, st, rw, VisibleKeys::of(rows, d, p.causal), k0, t, amax);
     }
     const RowScales sigma = ceil_row_scales(amax);
     uint32_t ua[kKeyTile / 32][4];
