@@ -333,7 +333,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
     wgmma_wait<0>();
     start_item();
     float alpha[2];
-    tile_softmax<D, kInteriorCodes, kLeanSteps>(p, it, stage(it.key_uses), 0, s, m, l, alpha,
+    tile_softmax<D, kInteriorCodes, kLeanSteps>(p, it, stage(it.key_uses), 0, s, SoftmaxRows{m, l, alpha},
                                                 idle_clock);  // O is still 0
     pack_a_operand<kKeyTile>(s, pa);
   }
@@ -354,8 +354,9 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
       clock.stamp(timeline::kScoresReady);
       float alpha[2];
       const KeyTileStage<D>& st = stage(it.key_uses + i);
-      if constexpr (kLeanSteps) interior_softmax<D, kInteriorCodes>(p, it, st, i, s, m, l, alpha, clock, softmax_turns);
-      else tile_softmax<D, kInteriorCodes, false>(p, it, st, i, s, m, l, alpha, clock, softmax_turns);
+      const SoftmaxRows softmax{m, l, alpha};
+      if constexpr (kLeanSteps) interior_softmax<D, kInteriorCodes>(p, it, st, i, s, softmax, clock, softmax_turns);
+      else tile_softmax<D, kInteriorCodes, false>(p, it, st, i, s, softmax, clock, softmax_turns);
       clock.stamp(timeline::kSoftmaxDone);
       wgmma_wait<0>();
       fence_accumulators(o_acc);
@@ -392,7 +393,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
     turns.end();
     wgmma_wait<1>();  // the next item's S_0 is done; this item's last P.V may still run
     float next_m[2] = {-INFINITY, -INFINITY}, next_l[2] = {0.f, 0.f}, alpha[2];
-    tile_softmax<D, kInteriorCodes, kLeanSteps>(p, next, stage(next.key_uses), 0, s, next_m, next_l, alpha,
+    tile_softmax<D, kInteriorCodes, kLeanSteps>(p, next, stage(next.key_uses), 0, s, SoftmaxRows{next_m, next_l, alpha},
                                                 idle_clock);  // O is 0
     wgmma_wait<0>();
     fence_accumulators(o_acc);

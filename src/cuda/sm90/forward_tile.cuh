@@ -67,6 +67,21 @@ struct QueryTileInfo {
   uint8_t split_fold[kConsumerWarps];  // per consumer warp (its 16 rows): see row_constants
 };
 
+// One item as a consumer thread sees it: the item, the ring use of its tile 0, and its two rows'
+// constants (see item_rows).
+struct ItemRows {
+  CtaWork w;
+  int key_uses;  // the ring use of the item's tile 0 (the ring runs on across items)
+  int q_buffer;  // its Q tile's buffer
+  int rows[2];   // document positions of the thread's two rows
+  bool row_valid[2];
+  float q_factor[2];  // 2^eq_i scale log2(e)
+  int fold_bias[2];   // boost - rho_i: the P operand is p * 2^(ev_j + fold_bias), never above 2^boost
+  float row_pow[2];   // 2^(fold_bias_i + c): the row's half of the split V fold
+  float lsum_exp[2];  // b_i = fold_bias_i + c, clamped (GroupFold): l is kept in units of 2^b_i
+  bool split_fold;    // masked tiles may fold with v_pow_j row_pow_i too (warp-uniform)
+};
+
 __device__ __forceinline__ int key_tile_start(const CtaWork& w, int i) { return (w.tiles - 1 - i) * kKeyTile; }
 // The codes key tile i reads: 1, the interior codes, or 0. kInteriorCodes: the kernel instance for
 // prefix isolation's interior codes (attention_shape.h), which exist only where causal; then tile
@@ -166,6 +181,13 @@ __device__ __forceinline__ void update_running_max(const float (&tile_max)[2], f
     m[r] = m_new;
   }
 }
+// The online softmax's state of a thread's two rows, as the tile functions update it: the item's
+// running max m and sum l, and alpha, what O is to be multiplied by (update_running_max).
+struct SoftmaxRows {
+  float (&m)[2];
+  float (&l)[2];
+  float (&alpha)[2];
+};
 // A warp skips the rescale when none of its rows' max moved (alpha = 1 exactly), the common case
 // once the max has settled.
 template <int N>
@@ -195,12 +217,14 @@ __device__ __forceinline__ void skip_span(float (&s)[kKeyTile / 2], int span) {
   for (int e = 0; e < 4 * kBlocksPerSpan; ++e) s[span * 4 * kBlocksPerSpan + e] = 0.f;
 }
 template <int D, bool kSkipUnseenSpans>
-__device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyTileStage<D>& st,
-                                            const float (&q_factor)[2], const int (&fold_bias)[2],
-                                            const float (&row_pow)[2], bool split_fold, int k0, int len,
-                                            bool causal, const int (&rows)[2], const bool (&row_valid)[2], int t,
-                                            const float (&lsum_pow)[2], float (&m)[2], float (&l)[2],
-                                            float (&alpha)[2], const timeline::StepClock& clock) {
+__device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyTileStage<D>& st, const ItemRows& it,
+                                            int k0, bool causal, const float (&lsum_pow)[2],
+                                            const SoftmaxRows& softmax, const timeline::StepClock& clock) {
+  const float(&q_factor)[2] = it.q_factor, (&row_pow)[2] = it.row_pow;
+  const int(&fold_bias)[2] = it.fold_bias, (&rows)[2] = it.rows;
+  const bool(&row_valid)[2] = it.row_valid, split_fold = it.split_fold;
+  const int len = it.w.len, t = consumer_thread().t;
+  auto& [m, l, alpha] = softmax;
   // Key k0 + 2t + c (c = 8 nb + (e & 1)) is visible to row r iff c < key_limit[r]: inside the
   // document and, causal, at or before the row (one compare per element).
   int key_limit[2];
@@ -291,8 +315,9 @@ __device__ __forceinline__ void masked_tile(float (&s)[kKeyTile / 2], const KeyT
 template <int D>
 __device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const KeyTileStage<D>& st,
                                               const float (&q_factor)[2], const float (&row_pow)[2],
-                                              const float (&lsum_pow)[2], int t, float (&m)[2], float (&l)[2],
-                                              float (&alpha)[2], const timeline::StepClock& clock) {
+                                              const float (&lsum_pow)[2], int t, const SoftmaxRows& softmax,
+                                              const timeline::StepClock& clock) {
+  auto& [m, l, alpha] = softmax;
   // Four partial maxima per row (the max is exact in any order), so that no chain of dependent
   // instructions runs through all 32 of a row's elements.
   float part_max[2][4];
@@ -357,8 +382,9 @@ __device__ __forceinline__ void interior_tile(float (&s)[kKeyTile / 2], const Ke
 template <int D, class Turn>
 __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], const KeyTileStage<D>& st,
                                                       const float (&q_factor)[2], const float (&lsum_exp)[2],
-                                                      float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                                      const timeline::StepClock& clock, const Turn& turn) {
+                                                      const SoftmaxRows& softmax, const timeline::StepClock& clock,
+                                                      const Turn& turn) {
+  auto& [m, l, alpha] = softmax;
   constexpr int kGroups = kTileGroups, kBlocksPerGroup = kKeyBlocks / kGroups;
   static_assert(kGroups == 4, "four groups per tile: four partial maxima per row");
   turn.begin();
@@ -430,20 +456,6 @@ __device__ __forceinline__ void interior_tile_grouped(float (&s)[kKeyTile / 2], 
 }
 
 // --- consumers ---------------------------------------------------------------------------------
-// One item as a consumer thread sees it: the item, the ring use of its tile 0, and its two rows'
-// constants (see item_rows).
-struct ItemRows {
-  CtaWork w;
-  int key_uses;  // the ring use of the item's tile 0 (the ring runs on across items)
-  int q_buffer;  // its Q tile's buffer
-  int rows[2];   // document positions of the thread's two rows
-  bool row_valid[2];
-  float q_factor[2];  // 2^eq_i scale log2(e)
-  int fold_bias[2];   // boost - rho_i: the P operand is p * 2^(ev_j + fold_bias), never above 2^boost
-  float row_pow[2];   // 2^(fold_bias_i + c): the row's half of the split V fold
-  float lsum_exp[2];  // b_i = fold_bias_i + c, clamped (GroupFold): l is kept in units of 2^b_i
-  bool split_fold;    // masked tiles may fold with v_pow_j row_pow_i too (warp-uniform)
-};
 // 2^e for a float e that holds an integer in [-126, 127], exactly: e + 1.5 2^23 holds e in its low
 // mantissa bits.
 __device__ __forceinline__ float pow2_of_integral(float e) {
@@ -484,15 +496,15 @@ using NoTurn = ConsumerTurns<false>;
 template <int D, bool kInteriorCodes, class Turn = NoTurn>
 __device__ __forceinline__ void interior_softmax(const ForwardParams& p, const ItemRows& it,
                                                  const KeyTileStage<D>& st, int i, float (&s)[kKeyTile / 2],
-                                                 float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                                 const timeline::StepClock& clock, const Turn& turn = {}) {
+                                                 const SoftmaxRows& softmax, const timeline::StepClock& clock,
+                                                 const Turn& turn = {}) {
   fence_accumulators(s);
   if (tile_grouped<kInteriorCodes>(p, i)) {
-    interior_tile_grouped(s, st, it.q_factor, it.lsum_exp, m, l, alpha, clock, turn);
+    interior_tile_grouped(s, st, it.q_factor, it.lsum_exp, softmax, clock, turn);
   } else {
     float lsum_pow[2];
     lsum_units(it, lsum_pow);
-    interior_tile(s, st, it.q_factor, it.row_pow, lsum_pow, consumer_thread().t, m, l, alpha, clock);
+    interior_tile(s, st, it.q_factor, it.row_pow, lsum_pow, consumer_thread().t, softmax, clock);
   }
 }
 // Tile i's softmax, masked or interior. A tile is interior when every key is visible to every row:
@@ -503,20 +515,17 @@ __device__ __forceinline__ void interior_softmax(const ForwardParams& p, const I
 // may run interior_softmax alone (forward.cu's consume_items' kLeanSteps).
 template <int D, bool kInteriorCodes, bool kSkipUnseenSpans, class Turn = NoTurn>
 __device__ __forceinline__ void tile_softmax(const ForwardParams& p, const ItemRows& it, const KeyTileStage<D>& st,
-                                             int i, float (&s)[kKeyTile / 2], float (&m)[2], float (&l)[2],
-                                             float (&alpha)[2], const timeline::StepClock& clock,
-                                             const Turn& turn = {}) {
+                                             int i, float (&s)[kKeyTile / 2], const SoftmaxRows& softmax,
+                                             const timeline::StepClock& clock, const Turn& turn = {}) {
   const int k0 = key_tile_start(it.w, i);
   if (k0 + kKeyTile <= it.w.len && (!p.causal || k0 + kKeyTile - 1 <= it.w.q0)) {
-    interior_softmax<D, kInteriorCodes>(p, it, st, i, s, m, l, alpha, clock, turn);
+    interior_softmax<D, kInteriorCodes>(p, it, st, i, s, softmax, clock, turn);
     return;
   }
   fence_accumulators(s);
   float lsum_pow[2];
   lsum_units(it, lsum_pow);
-  masked_tile<D, kSkipUnseenSpans>(s, st, it.q_factor, it.fold_bias, it.row_pow, it.split_fold, k0, it.w.len,
-                                   p.causal, it.rows, it.row_valid, consumer_thread().t, lsum_pow, m, l, alpha,
-                                   clock);
+  masked_tile<D, kSkipUnseenSpans>(s, st, it, k0, p.causal, lsum_pow, softmax, clock);
 }
 
 // An item's end: full row sums across the 4 lanes of a row (back from units of 2^b_i: exact), then
