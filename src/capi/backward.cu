@@ -67,7 +67,7 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   // dq, dk and dv with NaN: it runs over every row, and in the FP16-partials backward it is what
   // initializes dq).
   cuda::sm90::BackwardParams p{};
-  static_cast<cuda::sm90::AttentionShape&>(p) = attention_shape(*q, *k, *docs, *options, numerics);
+  static_cast<cuda::sm90::KernelProblem&>(p) = kernel_problem(*q, *k, *docs, *options, numerics);
   flamia_documents checked_docs{};
   if (CallError e = check_offsets_and_order(*docs, p, base, ws, cuda::OffsetsCheck{}, s, checked_docs); !e.ok())
     return e;

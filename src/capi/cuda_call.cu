@@ -75,9 +75,9 @@ float resolved_softmax_scale(const flamia_options& options, int head_dim) {
   return options.softmax_scale > 0.0f ? options.softmax_scale : float(1.0 / std::sqrt(double(head_dim)));
 }
 
-cuda::sm90::AttentionShape attention_shape(const flamia_tensor& q, const flamia_tensor& k, const flamia_documents& docs,
+cuda::sm90::KernelProblem kernel_problem(const flamia_tensor& q, const flamia_tensor& k, const flamia_documents& docs,
                                            const flamia_options& options, const NumericsOptions& numerics) {
-  cuda::sm90::AttentionShape s{};
+  cuda::sm90::KernelProblem s{};
   s.cu_seqlens = docs.cu_seqlens;
   s.num_docs = docs.num_docs;
   s.total_tokens = int(q.tokens);
@@ -92,20 +92,20 @@ cuda::sm90::AttentionShape attention_shape(const flamia_tensor& q, const flamia_
   return s;
 }
 
-CallError check_offsets_and_order_into(const flamia_documents& docs, cuda::sm90::AttentionShape& shape,
+CallError check_offsets_and_order_into(const flamia_documents& docs, cuda::sm90::KernelProblem& problem,
                                        uint8_t* table, uint8_t* counters, const cuda::OffsetsCheck& check, cudaStream_t stream,
                                   flamia_documents& checked_docs) {
   auto* const order_table = reinterpret_cast<order::OrderedTile*>(table);
-  if (const cudaError_t err = cuda::launch_build_work_order(docs.cu_seqlens, docs.num_docs, shape.total_tokens,
-                                                            shape.causal, order_table, reinterpret_cast<int*>(counters),
-                                                            stream, check);
+  if (const cudaError_t err = cuda::launch_build_work_order(docs.cu_seqlens, docs.num_docs, problem.total_tokens,
+                                                            problem.causal, order_table,
+                                                            reinterpret_cast<int*>(counters), stream, check);
       err != cudaSuccess)
     return cuda_error("the offsets check and work order (launch_build_work_order)", err);
   checked_docs = docs;
   checked_docs.cu_seqlens = check.checked_cu_seqlens;
-  shape.cu_seqlens = check.checked_cu_seqlens;
-  shape.work_order = order_table;
-  shape.work_order_tiles = reinterpret_cast<const int*>(counters);  // counter 0 holds the tile count
+  problem.cu_seqlens = check.checked_cu_seqlens;
+  problem.work_order = order_table;
+  problem.work_order_tiles = reinterpret_cast<const int*>(counters);  // counter 0 holds the tile count
   return CallError::success();
 }
 

@@ -13,7 +13,7 @@
 #include "core/options.h"
 #include "cuda/quant/quantize_mxfp8.cuh"
 #include "cuda/schedule/work_order.cuh"
-#include "cuda/sm90/attention_shape.h"
+#include "cuda/sm90/kernel_problem.h"
 #include "flamia/flamia.h"
 
 namespace flamia::capi {
@@ -80,7 +80,7 @@ float resolved_softmax_scale(const flamia_options& options, int head_dim);
 
 // The problem as every attention kernel sees it, from validated arguments (T * H * D < 2^31, so
 // every extent fits an int): the same for the forward and the backward call.
-cuda::sm90::AttentionShape attention_shape(const flamia_tensor& q, const flamia_tensor& k, const flamia_documents& docs,
+cuda::sm90::KernelProblem kernel_problem(const flamia_tensor& q, const flamia_tensor& k, const flamia_documents& docs,
                                            const flamia_options& options, const NumericsOptions& numerics);
 
 // A call's first kernel, the work order builder (cuda/schedule/work_order.cuh), on stream: it checks
@@ -88,18 +88,18 @@ cuda::sm90::AttentionShape attention_shape(const flamia_tensor& q, const flamia_
 // are malformed), records a violation in docs.status and fills the outputs `poison` names with NaN,
 // and orders the attention kernels' work (core/schedule.h) into the workspace's work_order
 // (table) and work_order_counters (scratch) regions. Returns docs as every later kernel of the call
-// must see them, cu_seqlens the checked copy, and points shape at that copy and at the order.
+// must see them, cu_seqlens the checked copy, and points problem at that copy and at the order.
 // check_offsets_and_order_into takes the regions one by one (check.checked_cu_seqlens not null).
-CallError check_offsets_and_order_into(const flamia_documents& docs, cuda::sm90::AttentionShape& shape,
+CallError check_offsets_and_order_into(const flamia_documents& docs, cuda::sm90::KernelProblem& problem,
                                        uint8_t* table, uint8_t* counters, const cuda::OffsetsCheck& check, cudaStream_t stream,
                                   flamia_documents& checked_docs);
 template <class Workspace>
-CallError check_offsets_and_order(const flamia_documents& docs, cuda::sm90::AttentionShape& shape, uint8_t* workspace,
+CallError check_offsets_and_order(const flamia_documents& docs, cuda::sm90::KernelProblem& problem, uint8_t* workspace,
                                   const Workspace& ws, cuda::OffsetsCheck poison, cudaStream_t stream,
                                   flamia_documents& checked_docs) {
   poison.checked_cu_seqlens = reinterpret_cast<int32_t*>(region_pointer(workspace, ws.checked_cu_seqlens));
   poison.status = reinterpret_cast<OffsetsRecord*>(docs.status);
-  return check_offsets_and_order_into(docs, shape, region_pointer(workspace, ws.work_order),
+  return check_offsets_and_order_into(docs, problem, region_pointer(workspace, ws.work_order),
                                       region_pointer(workspace, ws.work_order_counters), poison, stream, checked_docs);
 }
 

@@ -22,14 +22,14 @@ namespace flamia::capi {
 namespace {
 
 // The forward after quantization, over the codes already in qkv: the V fold reference and the
-// forward kernel, into workspace's regions of ws, on stream. shape: the problem with its checked
+// forward kernel, into workspace's regions of ws, on stream. problem: the kernels' fields, with the checked
 // offsets and work order; docs: the call's documents with the checked offsets. row_max_prob: where
 // the forward keeps 1 / l_i for the backward, or null.
-CallError attend(const cuda::sm90::AttentionShape& shape, const flamia_documents& docs, const QkvCodePointers& qkv,
+CallError attend(const cuda::sm90::KernelProblem& problem, const flamia_documents& docs, const QkvCodePointers& qkv,
                  int64_t interior_scales_shift, uint8_t* workspace, const ForwardWorkspace& ws, flamia_tensor* o,
                  float* lse, float* row_max_prob, cudaStream_t s) {
   // validate_forward bounds T * H * D by 2^31 - 1, so every extent fits an int.
-  const int T = shape.total_tokens, Hkv = shape.kv_heads;
+  const int T = problem.total_tokens, Hkv = problem.kv_heads;
   auto region = [workspace](const WorkspaceRegion& r) { return region_pointer(workspace, r); };
   if (const cudaError_t err = cuda::launch_prefix_max_scales(qkv.v_scales, T, Hkv, docs.cu_seqlens, docs.num_docs,
                                                              docs.max_seqlen, region(ws.v_fold_ref), s);
@@ -37,7 +37,7 @@ CallError attend(const cuda::sm90::AttentionShape& shape, const flamia_documents
     return cuda_error("the V fold reference (launch_prefix_max_scales)", err);
 
   cuda::sm90::ForwardParams p{};
-  static_cast<cuda::sm90::AttentionShape&>(p) = shape;
+  static_cast<cuda::sm90::KernelProblem&>(p) = problem;
   p.q_codes = qkv.q_codes;
   p.q_scales = qkv.q_scales;
   p.k_codes = qkv.k_codes;
@@ -84,14 +84,14 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   uint8_t* const base = static_cast<uint8_t*>(workspace);
 
   // First the offsets: malformed ones fill o and lse with NaN, and leave no document to what follows.
-  cuda::sm90::AttentionShape shape = attention_shape(*q, *k, *docs, *options, numerics);
+  cuda::sm90::KernelProblem problem = kernel_problem(*q, *k, *docs, *options, numerics);
   cuda::OffsetsCheck poison;
   poison.rows = o->data;
   poison.rows_stride_token = o->stride_token, poison.rows_stride_head = o->stride_head;
   poison.rows_heads = int(o->heads), poison.rows_dim = int(o->dim);
   poison.lse = lse, poison.lse_heads = int(q->heads);
   flamia_documents checked{};
-  if (CallError e = check_offsets_and_order(*docs, shape, base, ws, poison, s, checked); !e.ok()) return e;
+  if (CallError e = check_offsets_and_order(*docs, problem, base, ws, poison, s, checked); !e.ok()) return e;
 
   const QkvCodePointers qkv =
       saving ? qkv_code_pointers(static_cast<uint8_t*>(saved_codes), saved) : qkv_code_pointers(base, ws);
@@ -99,7 +99,7 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   // The saving forward keeps each row's largest probability for the backward's FP16 dQ partials.
   float* row_max_prob =
       saving ? reinterpret_cast<float*>(region_pointer(static_cast<uint8_t*>(saved_codes), saved.row_max_prob)) : nullptr;
-  return attend(shape, checked, qkv, saving ? interior_scales_shift(saved) : interior_scales_shift(ws), base, ws, o,
+  return attend(problem, checked, qkv, saving ? interior_scales_shift(saved) : interior_scales_shift(ws), base, ws, o,
                 lse, row_max_prob, s);
 }
 

@@ -33,6 +33,20 @@ flamia_tensor packed(uintptr_t address, int64_t tokens, int64_t heads, int64_t d
   return t;
 }
 
+// A workspace layout's regions in order: each aligned, at least need[i] bytes, after the one before
+// it, and all inside total bytes.
+template <size_t N>
+void expect_regions_fit(const WorkspaceRegion (&regions)[N], const size_t (&need)[N], size_t total) {
+  size_t end = 0;
+  for (size_t i = 0; i < N; ++i) {
+    EXPECT_EQ(regions[i].offset % kWorkspaceAlignment, 0u) << i;
+    EXPECT_GE(regions[i].bytes, need[i]) << i;
+    EXPECT_GE(regions[i].offset, end) << i << ": regions must not overlap";
+    end = regions[i].offset + regions[i].bytes;
+  }
+  EXPECT_LE(end, total);
+}
+
 // A valid call: 3 documents of 5, 0 and 9 tokens, GQA 4 query heads over 2 K/V heads, D = 64.
 struct Call {
   static constexpr int64_t T = 14, Hq = 4, Hkv = 2, D = 64;
@@ -632,14 +646,7 @@ TEST(CapiValidation, WorkspaceLayout) {
                            size_t(T * Hq),     size_t(T * Hkv),     size_t(T * Hkv),
                            size_t(T * Hkv),    sizeof(int32_t),     order_entries * sizeof(order::OrderedTile),
                            costs * sizeof(int32_t), size_t(docs + 1) * sizeof(int32_t)};
-    size_t end = 0;
-    for (size_t i = 0; i < std::size(regions); ++i) {
-      EXPECT_EQ(regions[i].offset % kWorkspaceAlignment, 0u) << i;
-      EXPECT_GE(regions[i].bytes, need[i]) << i;
-      EXPECT_GE(regions[i].offset, end) << i << ": regions must not overlap";
-      end = regions[i].offset + regions[i].bytes;
-    }
-    EXPECT_LE(end, w.total);
+    expect_regions_fit(regions, need, w.total);
 
     // The size query returns the same layout.
     flamia_tensor q = packed(0x10000, T, Hq, D), k = packed(0x20000, T, Hkv, D), v = packed(0x30000, T, Hkv, D);
@@ -870,14 +877,7 @@ TEST(CapiValidation, BackwardWorkspaceLayout) {
                            size_t(T * Hq),     size_t(T * Hq) * sizeof(float), sizeof(int32_t),
                            order_entries * sizeof(order::OrderedTile), costs * sizeof(int32_t),
                            size_t(docs + 1) * sizeof(int32_t)};
-    size_t end = 0;
-    for (size_t i = 0; i < std::size(regions); ++i) {
-      EXPECT_EQ(regions[i].offset % kWorkspaceAlignment, 0u) << i;
-      EXPECT_GE(regions[i].bytes, need[i]) << i;
-      EXPECT_GE(regions[i].offset, end) << i << ": regions must not overlap";
-      end = regions[i].offset + regions[i].bytes;
-    }
-    EXPECT_LE(end, w.total);
+    expect_regions_fit(regions, need, w.total);
     flamia_tensor q = packed(0x10000, T, Hq, D), k = packed(0x20000, T, Hkv, D), v = packed(0x30000, T, Hkv, D);
     flamia_documents d{};
     d.num_docs = int32_t(docs);
@@ -915,14 +915,7 @@ TEST(CapiValidation, SavedCodesLayouts) {
                            size_t(Hq * D) * slots, size_t(Hkv * D) * slots, size_t(Hkv * D) * slots,
                            size_t(T * Hq),         size_t(T * Hkv),         size_t(T * Hkv),
                            size_t(T * Hq) * sizeof(float)};
-    size_t end = 0;
-    for (size_t i = 0; i < std::size(regions); ++i) {
-      EXPECT_EQ(regions[i].offset % kWorkspaceAlignment, 0u) << i;
-      EXPECT_GE(regions[i].bytes, need[i]) << i;
-      EXPECT_GE(regions[i].offset, end) << i << ": regions must not overlap";
-      end = regions[i].offset + regions[i].bytes;
-    }
-    EXPECT_LE(end, s.total);
+    expect_regions_fit(regions, need, s.total);
 
     // Without q, k, v's regions the workspaces keep the rest, in the same sizes.
     const ForwardWorkspace f = forward_workspace_layout(T, Hq, Hkv, D, docs, false, QkvCodes::kSaved);
@@ -941,7 +934,7 @@ TEST(CapiValidation, SavedCodesLayouts) {
                                     b.work_counter};
     const WorkspaceRegion kept_own[] = {b_own.g_codes, b_own.g_codes_t, b_own.g_scales, b_own.g_scale_prefix_max,
                                         b_own.delta,   b_own.work_counter};
-    end = 0;
+    size_t end = 0;
     for (size_t i = 0; i < std::size(kept); ++i) {
       EXPECT_EQ(kept[i].bytes, kept_own[i].bytes) << i;
       EXPECT_GE(kept[i].offset, end) << i << ": regions must not overlap";

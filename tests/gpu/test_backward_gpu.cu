@@ -200,7 +200,7 @@ reference::PackedTensor leading_tokens(const reference::PackedTensor& t, int tok
 
 // dK dV runs one of two schedules per call (backward_dkdv.cu's DkdvSchedule: one CTA per item when
 // documents are long on average, persistent CTAs when they are short), and the consumers of the
-// forward, dQ and dK dV take turns at issuing their products or not (attention_shape.h's
+// forward, dQ and dK dV take turns at issuing their products or not (kernel_problem.h's
 // consumers_take_turns: grouped scales and long documents); every combination gives bitwise the
 // same results: two calls over the same two long documents, the second with short documents
 // appended until the mean length falls below both switches, must agree on the long documents'

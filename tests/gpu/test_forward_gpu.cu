@@ -28,7 +28,7 @@ constexpr double kMaxLseDiffVsEmulation = 2e-3;
 
 // Unaligned starts everywhere, and empty documents (idle tile slots) in the middle and at the end.
 const std::vector<int> kAwkwardLengths = {1, 31, 32, 0, 33, 127, 129, 1000, 4097, 0};
-// The same below the mean document length from which the consumers take turns (attention_shape.h's
+// The same below the mean document length from which the consumers take turns (kernel_problem.h's
 // kTurnsFromMeanDocument), so that block32 runs the forward's short-document kernel instance (no
 // turns, lean steps; kAwkwardLengths run it with per-token scales only).
 const std::vector<int> kShortLengths = {1, 31, 32, 0, 33, 127, 129, 255, 300, 0};

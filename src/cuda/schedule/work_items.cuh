@@ -103,7 +103,7 @@ struct QueryTileItem {
     return ((causal ? min(q0 + rows, span.len) : span.len) - 1) / key_tile + 1;
   }
 };
-// p: the kernel's AttentionShape (cuda/sm90/attention_shape.h); tiles: the work order's tiles
+// p: the kernel's KernelProblem (cuda/sm90/kernel_problem.h); tiles: the work order's tiles
 // (*p.work_order_tiles), the items per head.
 template <class Shape>
 __device__ __forceinline__ bool find_query_tile_item(const Shape& p, int item, int tiles, QueryTileItem& out) {

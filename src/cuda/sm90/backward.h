@@ -14,11 +14,11 @@
 
 #include <cstdint>
 
-#include "cuda/sm90/attention_shape.h"
+#include "cuda/sm90/kernel_problem.h"
 
 namespace flamia::cuda::sm90 {
 
-struct BackwardParams : AttentionShape {
+struct BackwardParams : KernelProblem {
   // E4M3 codes [T, H, D] and UE8M0 scales [T, H] (H = Hq for q and dout, Hkv for k and v).
   const uint8_t *q_codes, *q_scales;
   const uint8_t *k_codes, *k_scales;
@@ -27,7 +27,7 @@ struct BackwardParams : AttentionShape {
   // The same codes of Q, K and dO in the transposed layout [H, D, t_pitch] (core/operand_layout.h).
   const uint8_t *q_codes_t, *k_codes_t, *g_codes_t;
   int64_t t_pitch;  // layout::transposed_tokens(T, num_docs)
-  // Interior tiles' K and V codes (AttentionShape::interior_codes; else the same as the fields
+  // Interior tiles' K and V codes (KernelProblem::interior_codes; else the same as the fields
   // above) and scales, at k_scales + interior_scales_shift and v_scales + interior_scales_shift (0
   // without interior codes; the C API's layouts place both at one shift).
   const uint8_t *k_interior_codes, *v_interior_codes, *k_interior_codes_t;

@@ -117,7 +117,7 @@ struct DkdvWork {
   int tiles;  // the item's steps (query tiles over the group's heads); 0: no more items
 };
 // Interior codes (prefix isolation, block32; kInteriorCodes: the kernel instance for them,
-// attention_shape.h, so that the default's kernels keep their code): the steps whose queries lie
+// kernel_problem.h, so that the default's kernels keep their code): the steps whose queries lie
 // kFrontierTiles frontier tiles or more after the item's keys (core/tiling.h; the item's keys are
 // one) read the K and V rows of the interior codes, which an item with such steps loads into the
 // interior key buffer. Causal (prefix isolation always is), each head's steps start at the item's
@@ -778,7 +778,7 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
   store_dk_dv<D>(p, w, keys, dk_acc, dv_acc, t);
 }
 
-// kTurns: the grid schedule's consumers take turns (attention_shape.h's consumers_take_turns); the
+// kTurns: the grid schedule's consumers take turns (kernel_problem.h's consumers_take_turns); the
 // persistent schedule, for short documents, never does (the launcher), as turns cost short items.
 // kDqPartials: the FP16 dQ partials (grid schedule, no turns: the consumers meet at every step).
 template <int D, bool kPersistent, bool kTurns, bool kInteriorCodes, bool kDqPartials = false>

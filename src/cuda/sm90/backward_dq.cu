@@ -14,7 +14,7 @@
 // per-row constants, and each key tile's K rows, V rows and K^T (the quantizer's transposed layout)
 // by TMA into a ring of stages that runs on across items, with the keys' scale factors; warpgroups
 // 1 and 2 (64 rows each) compute, taking turns at issuing their products with the grouped
-// arithmetic on long documents (tma.cuh's ConsumerTurns, attention_shape.h).
+// arithmetic on long documents (tma.cuh's ConsumerTurns, kernel_problem.h).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -123,7 +123,7 @@ struct DqArgs {
 };
 
 // The codes key tile i reads: 1, the interior codes, or 0. kInteriorCodes: the kernel instance for
-// prefix isolation's interior codes (attention_shape.h), which exist only where causal; then the
+// prefix isolation's interior codes (kernel_problem.h), which exist only where causal; then the
 // item's last tile is its diagonal one, tile i lies tiles - 1 - i frontier tiles before its rows
 // (core/tiling.h), and its pairs are interior from kFrontierTiles back. (An instance, as in the
 // forward; and the interior test itself, per tile, made the 24-register producer spill.)

@@ -3,14 +3,14 @@
 
 #include <cstdint>
 
-#include "cuda/sm90/attention_shape.h"
+#include "cuda/sm90/kernel_problem.h"
 
 namespace flamia::cuda::sm90 {
 
 // What the forward kernel reads and writes. Codes and scales come from the quantization kernels
 // (src/cuda/quant/): E4M3 codes [T, H, D] contiguous (V's in the transposed layout instead) and
 // one UE8M0 scale per (token, head).
-struct ForwardParams : AttentionShape {
+struct ForwardParams : KernelProblem {
   const uint8_t* q_codes;     // [T, Hq, D]
   const uint8_t* q_scales;    // [T, Hq]
   const uint8_t* k_codes;     // [T, Hkv, D]
@@ -19,7 +19,7 @@ struct ForwardParams : AttentionShape {
   int64_t vt_pitch;           // layout::transposed_tokens(T, num_docs)
   const uint8_t* v_scales;    // [T, Hkv]
   const uint8_t* v_fold_ref;  // [T, Hkv]: running max of V's scale exponents within the document
-  // Interior tiles' K and V codes (AttentionShape::interior_codes; else the same as k_codes and
+  // Interior tiles' K and V codes (KernelProblem::interior_codes; else the same as k_codes and
   // v_codes_t) and scales, at k_scales + interior_scales_shift and v_scales + interior_scales_shift
   // (0 without interior codes; the C API's layouts place both at one shift).
   const uint8_t *k_interior_codes, *v_interior_codes_t;

@@ -84,7 +84,7 @@ struct ItemRows {
 
 __device__ __forceinline__ int key_tile_start(const CtaWork& w, int i) { return (w.tiles - 1 - i) * kKeyTile; }
 // The codes key tile i reads: 1, the interior codes, or 0. kInteriorCodes: the kernel instance for
-// prefix isolation's interior codes (attention_shape.h), which exist only where causal; then tile
+// prefix isolation's interior codes (kernel_problem.h), which exist only where causal; then tile
 // i lies i frontier tiles before the item's rows (tile 0 is the diagonal one; core/tiling.h), and
 // its pairs are interior from tile kFrontierTiles on. (An instance, not a run-time choice: any code
 // for it in the producer changed the consumers' code around it and cost the default's forward 2-3%.)

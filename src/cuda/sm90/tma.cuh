@@ -116,7 +116,7 @@ struct StageRing {
 // __syncthreads'), each counting both warpgroups' threads: consumer c's 128 wait on it (bar.sync),
 // the other's 128 arrive (bar.arrive).
 // With kActive false every call is a no-op: a kernel takes turns or not as a template parameter
-// (attention_shape.h, consumers_take_turns), because a run-time choice of each turn (a predicate
+// (kernel_problem.h, consumers_take_turns), because a run-time choice of each turn (a predicate
 // held through the tile loop) cost the forward 1-3% even where no turn was taken.
 template <bool kActive, int kFirstBarrier = 1>
 struct ConsumerTurns {

@@ -8,7 +8,7 @@
 
 namespace flamia::cuda::sm90 {
 
-struct AttentionShape {
+struct KernelProblem {
   const int32_t* cu_seqlens;  // [num_docs + 1] on the device
   // The items' tiles, costliest first (core/schedule.h; built on the stream before the kernels),
   // and how many there are (the table's entries before the idle ones).
