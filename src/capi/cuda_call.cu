@@ -76,7 +76,7 @@ float resolved_softmax_scale(const flamia_options& options, int head_dim) {
 }
 
 cuda::sm90::KernelProblem kernel_problem(const flamia_tensor& q, const flamia_tensor& k, const flamia_documents& docs,
-                                           const flamia_options& options, const NumericsOptions& numerics) {
+                                         const flamia_options& options, const NumericsOptions& numerics) {
   cuda::sm90::KernelProblem s{};
   s.cu_seqlens = docs.cu_seqlens;
   s.num_docs = docs.num_docs;
@@ -93,8 +93,8 @@ cuda::sm90::KernelProblem kernel_problem(const flamia_tensor& q, const flamia_te
 }
 
 CallError check_offsets_and_order_into(const flamia_documents& docs, cuda::sm90::KernelProblem& problem,
-                                       uint8_t* table, uint8_t* counters, const cuda::OffsetsCheck& check, cudaStream_t stream,
-                                  flamia_documents& checked_docs) {
+                                       uint8_t* table, uint8_t* counters, const cuda::OffsetsCheck& check,
+                                       cudaStream_t stream, flamia_documents& checked_docs) {
   auto* const order_table = reinterpret_cast<order::OrderedTile*>(table);
   if (const cudaError_t err = cuda::launch_build_work_order(docs.cu_seqlens, docs.num_docs, problem.total_tokens,
                                                             problem.causal, order_table,

@@ -81,7 +81,7 @@ float resolved_softmax_scale(const flamia_options& options, int head_dim);
 // The problem as every attention kernel sees it, from validated arguments (T * H * D < 2^31, so
 // every extent fits an int): the same for the forward and the backward call.
 cuda::sm90::KernelProblem kernel_problem(const flamia_tensor& q, const flamia_tensor& k, const flamia_documents& docs,
-                                           const flamia_options& options, const NumericsOptions& numerics);
+                                         const flamia_options& options, const NumericsOptions& numerics);
 
 // A call's first kernel, the work order builder (cuda/schedule/work_order.cuh), on stream: it checks
 // docs.cu_seqlens on the device into the workspace's checked copy (the offsets, or zeros when they
@@ -91,8 +91,8 @@ cuda::sm90::KernelProblem kernel_problem(const flamia_tensor& q, const flamia_te
 // must see them, cu_seqlens the checked copy, and points problem at that copy and at the order.
 // check_offsets_and_order_into takes the regions one by one (check.checked_cu_seqlens not null).
 CallError check_offsets_and_order_into(const flamia_documents& docs, cuda::sm90::KernelProblem& problem,
-                                       uint8_t* table, uint8_t* counters, const cuda::OffsetsCheck& check, cudaStream_t stream,
-                                  flamia_documents& checked_docs);
+                                       uint8_t* table, uint8_t* counters, const cuda::OffsetsCheck& check,
+                                       cudaStream_t stream, flamia_documents& checked_docs);
 template <class Workspace>
 CallError check_offsets_and_order(const flamia_documents& docs, cuda::sm90::KernelProblem& problem, uint8_t* workspace,
                                   const Workspace& ws, cuda::OffsetsCheck poison, cudaStream_t stream,

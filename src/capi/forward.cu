@@ -22,9 +22,9 @@ namespace flamia::capi {
 namespace {
 
 // The forward after quantization, over the codes already in qkv: the V fold reference and the
-// forward kernel, into workspace's regions of ws, on stream. problem: the kernels' fields, with the checked
-// offsets and work order; docs: the call's documents with the checked offsets. row_max_prob: where
-// the forward keeps 1 / l_i for the backward, or null.
+// forward kernel, into workspace's regions of ws, on stream. problem: the kernels' fields, with the
+// checked offsets and work order; docs: the call's documents with the checked offsets. row_max_prob:
+// where the forward keeps 1 / l_i for the backward, or null.
 CallError attend(const cuda::sm90::KernelProblem& problem, const flamia_documents& docs, const QkvCodePointers& qkv,
                  int64_t interior_scales_shift, uint8_t* workspace, const ForwardWorkspace& ws, flamia_tensor* o,
                  float* lse, float* row_max_prob, cudaStream_t s) {

@@ -105,8 +105,8 @@ struct QueryTileItem {
 };
 // p: the kernel's KernelProblem (cuda/sm90/kernel_problem.h); tiles: the work order's tiles
 // (*p.work_order_tiles), the items per head.
-template <class Shape>
-__device__ __forceinline__ bool find_query_tile_item(const Shape& p, int item, int tiles, QueryTileItem& out) {
+template <class Problem>
+__device__ __forceinline__ bool find_query_tile_item(const Problem& p, int item, int tiles, QueryTileItem& out) {
   DocumentTile tile;
   if (!ordered_tile<TileFrom::kStart>(p.work_order, p.cu_seqlens, p.total_tokens, item % tiles, tile)) return false;
   out.span = tile.span;
