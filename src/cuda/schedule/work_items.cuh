@@ -27,9 +27,8 @@ __device__ __forceinline__ int next_work_item(int* counter) { return int(gridDim
 // publish(work, n) (lane 0 announces the bytes and issues the loads of the buffer; every lane
 // stores what it must), arrive on the buffer's "full" (all lanes), then stream(work, n, first_use)
 // its streamed tiles; the next item's claim is in flight meanwhile. After the last item, the next
-// kEndMarkers buffers' items have 0 tiles (one per consumer that reads only its own buffers).
-template <class Work, int kEndMarkers = 1, class Ring, int kBuffers, class Info, class Find, class Publish,
-          class Stream>
+// buffer's item has 0 tiles.
+template <class Work, class Ring, int kBuffers, class Info, class Find, class Publish, class Stream>
 __device__ __forceinline__ void produce_work_items(int* counter, int items, Ring& ring, Info (&infos)[kBuffers],
                                                    Find find, Publish publish, Stream stream) {
   static_assert(Ring::kStageCount == kBuffers, "one item buffer per stage of the ring");
@@ -43,11 +42,6 @@ __device__ __forceinline__ void produce_work_items(int* counter, int items, Ring
     if (item >= items) {
       if (lane == 0) infos[ring.stage(n)].work.tiles = 0;
       ring.arrive_full(n);
-      for (int end = n + 1; end < n + kEndMarkers; ++end) {
-        ring.wait_empty(end);
-        if (lane == 0) infos[ring.stage(end)].work.tiles = 0;
-        ring.arrive_full(end);
-      }
       return;
     }
     if (lane == 0) infos[ring.stage(n)].work = w;
@@ -87,10 +81,10 @@ __device__ __forceinline__ void consume_work_items(Ring& ring, const Info (&info
 // global loads: the document search, per-row constants) overlaps streaming this item's tiles:
 // publish_work_items is produce_work_items with nothing to stream (one warp), stream_work_items
 // streams each item once its buffer is full (another warp; it does not release the buffer).
-template <class Work, int kEndMarkers = 1, class Ring, int kBuffers, class Info, class Find, class Publish>
+template <class Work, class Ring, int kBuffers, class Info, class Find, class Publish>
 __device__ __forceinline__ void publish_work_items(int* counter, int items, Ring& ring, Info (&infos)[kBuffers],
                                                    Find find, Publish publish) {
-  produce_work_items<Work, kEndMarkers>(counter, items, ring, infos, find, publish, [](const Work&, int, int) {});
+  produce_work_items<Work>(counter, items, ring, infos, find, publish, [](const Work&, int, int) {});
 }
 template <class Work, class Ring, int kBuffers, class Info, class Stream>
 __device__ __forceinline__ void stream_work_items(Ring& ring, const Info (&infos)[kBuffers], Stream stream) {

@@ -125,9 +125,9 @@ __device__ __forceinline__ void store_group_factors(uint32_t group_bytes, int ne
 // document's codes, transposed slots the quantizer zeroed, or TMA's zeros past the tensor: finite
 // E4M3 codes (docs/KERNELS.md, "Loads") whose P is exactly 0, and columns of S that the masked path
 // drops.
-template <int D, int kStreamer, bool kInteriorCodes, bool kTagUses, class Ring>
+template <int D, int kStreamer, bool kInteriorCodes>
 __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const CtaWork& w, int key_uses,
-                                                  Ring& ring, KeyTileStage<D>* stages) {
+                                                  SharedTiles<D>& sm) {
   using Share = StreamerShare<kStreamer, TileScaleBytes::kKeysPerLane>;
   const ForwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
@@ -154,15 +154,14 @@ __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const
   timeline::StepClock clock = timeline::StepClock::for_streamer(kStreamer, lane);  // timeline builds only
   for (int i = 0; i < w.tiles; ++i) {
     const int k0 = key_tile_start(w, i), use = key_uses + i;
-    KeyTileStage<D>& st = stages[ring.stage(use)];
+    KeyTileStage<D>& st = sm.stage[sm.ring.stage(use)];
     const TileScaleBytes bytes = next;
     const uint32_t group_bytes = next_groups;
-    ring.wait_empty(use);
-    if (kTagUses && kStreamer == 0 && lane == 0) st.use = use;
+    sm.ring.wait_empty(use);
     clock.at_step(use);
     clock.stamp(timeline::kStageFree);
     if (kStreamer == 0 && lane == 0) {
-      uint64_t& full = ring.full_barrier(use);
+      uint64_t& full = sm.ring.full_barrier(use);
       barrier_expect_bytes(full, 2 * kKeyTile * D);
       tma_load_rows(args.k_map[tile_codes<kInteriorCodes>(i)], st.k, full, w.kvh, w.doc_begin + k0);
       tma_load_transposed(args.vt_map[tile_codes<kInteriorCodes>(i)], st.vt, full, w.kvh, D, vt_doc_start + k0);
@@ -173,24 +172,16 @@ __device__ __forceinline__ void produce_key_tiles(const ForwardArgs& args, const
     }
     if (per_key(i)) store_lane_scales<D, Share::kFirst, Share::kCount>(bytes, w, inv_c, k0, lane, st);
     if (kStreamer == 0 && tile_grouped<kInteriorCodes>(p, i)) store_group_factors(group_bytes, neg_c, i != 0, lane, st);
-    ring.arrive_full(use);
+    sm.ring.arrive_full(use);
     clock.stamp(timeline::kTileHandedOn);
   }
 }
 
 // Work item `item` (work_items.cuh's query tile items), found by the whole producer warp.
 static_assert(kQueryRows == order::kWorkTile, "an item's rows are one tile of the work order");
-// kSplitItems: item 2 e + h is the half h (64 rows) of entry e's tile; a half past the document
-// end is idle.
-template <bool kSplitItems>
 __device__ __forceinline__ bool find_work(const ForwardParams& p, int item, int tiles, CtaWork& w) {
   QueryTileItem it;
-  if (!find_query_tile_item(p, kSplitItems ? item >> 1 : item, tiles, it)) return false;
-  constexpr int kRows = kSplitItems ? kSplitItemRows : kQueryRows;
-  if (kSplitItems) {
-    it.q0 += (item & 1) * kSplitItemRows;
-    if (it.q0 >= it.span.len) return false;
-  }
+  if (!find_query_tile_item(p, item, tiles, it)) return false;
   w.doc = it.doc;
   w.doc_begin = it.span.begin;
   w.doc_end = it.span.end;
@@ -198,19 +189,18 @@ __device__ __forceinline__ bool find_work(const ForwardParams& p, int item, int 
   w.q0 = it.q0;
   w.head = it.head;
   w.kvh = it.kvh;
-  w.tiles = it.key_tiles(p.causal, kRows, kKeyTile);
+  w.tiles = it.key_tiles(p.causal, kQueryRows, kKeyTile);
   w.c_exp = scale_exponent(p.v_fold_ref[size_t(p.causal ? w.doc_begin + w.q0 : w.doc_end - 1) * p.kv_heads + w.kvh]);
   return true;
 }
 
 // The constants of an item's rows (lane = row mod 32) and each consumer warp's split_fold, so that
 // the consumers' start on an item waits for no global load and computes nothing per row.
-static_assert(kQueryRows / 32 * 2 == kConsumerWarps && kQueryRows / 32 <= 4,
+constexpr int kRowGroups = kQueryRows / 32;  // a publisher lane's rows: lane, lane + 32, ..
+static_assert(kRowGroups * 2 == kConsumerWarps && kRowGroups <= 4,
               "a ballot's halves are two consumer warps' rows; a lane's bytes fit a word");
-template <int kItemRows>
 __device__ __forceinline__ void store_row_constants(const ForwardParams& p, const CtaWork& w, int lane,
                                                     QueryTileInfo& info) {
-  constexpr int kRowGroups = kItemRows / 32;  // a publisher lane's rows: lane, lane + 32, ..
   uint32_t q_bytes = 0, fold_bytes = 0;  // row 32 j + lane's scale bytes at bits 8 j ..
 #pragma unroll
   for (int j = 0; j < kRowGroups; ++j) {
@@ -242,33 +232,28 @@ __device__ __forceinline__ void store_row_constants(const ForwardParams& p, cons
 // the start of an item (3.2% of the forward's stall samples at 16x4096). No more items:
 // an item of 0 tiles ends the consumers.
 constexpr int kProducerWarps = kStreamerRoleWarps;
-template <int D, bool kInteriorCodes, bool kSplitItems>
+template <int D, bool kInteriorCodes>
 __device__ __forceinline__ void produce(const ForwardArgs& args, SharedTiles<D>& sm) {
-  constexpr int kItemRows = kSplitItems ? kSplitItemRows : kQueryRows;
   const bool streamed = run_as_tile_streamer([&](auto streamer) {
-    stream_work_items<CtaWork>(sm.q_ring, sm.info, [&](const CtaWork& w, int n, int key_uses) {
-      constexpr int kStreamer = decltype(streamer)::value;
-      produce_key_tiles<D, kStreamer, kInteriorCodes, kSplitItems>(args, w, key_uses, sm.ring, sm.stage);
+    stream_work_items<CtaWork>(sm.q_ring, sm.info, [&](const CtaWork& w, int, int key_uses) {
+      produce_key_tiles<D, decltype(streamer)::value, kInteriorCodes>(args, w, key_uses, sm);
     });
   });
   if (streamed) return;
   const ForwardParams& p = args.p;
   const int lane = int(threadIdx.x) % 32;
   const int tiles = __ldg(p.work_order_tiles);
-  int key_uses = 0;  // the ring uses of the items published so far
-  publish_work_items<CtaWork, kSplitItems ? kConsumers : 1>(
-      p.work_counter, tiles * p.q_heads * (kSplitItems ? 2 : 1), sm.q_ring, sm.info,
-      [&](int item, CtaWork& w) { return find_work<kSplitItems>(p, item, tiles, w); },
+  publish_work_items<CtaWork>(
+      p.work_counter, tiles * p.q_heads, sm.q_ring, sm.info,
+      [&](int item, CtaWork& w) { return find_work(p, item, tiles, w); },
       [&](const CtaWork& w, int n) {
         QueryTileInfo& info = sm.info[sm.q_ring.stage(n)];
         if (lane == 0) {
           uint64_t& full = sm.q_ring.full_barrier(n);
-          barrier_expect_bytes(full, kItemRows * D);
+          barrier_expect_bytes(full, kQueryRows * D);
           tma_load_rows(args.q_map, sm.q[sm.q_ring.stage(n)], full, w.head, w.doc_begin + w.q0);
-          if (kSplitItems) info.first_key_use = key_uses;
         }
-        if (kSplitItems) key_uses += w.tiles;
-        store_row_constants<kItemRows>(p, w, lane, info);
+        store_row_constants(p, w, lane, info);
       });
 }
 
@@ -422,82 +407,8 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   }
 }
 
-// A consumer warpgroup over its split items (items n = consumer, consumer + 2, .., 64 rows each;
-// see kSplitItems in forward_tile.cuh): the tile loop of consume_items with the lean steps, without
-// turns and without the overlap of consecutive items. An item ends with its last P.V waited for and
-// its stage released before the next item's first tile is waited for: the ring's uses alternate
-// between the consumers' items, and a consumer holding a stage while it waits for a later use
-// could wait for its own release.
-template <int D>
-__device__ __forceinline__ void consume_split_items(const ForwardArgs& args, SharedTiles<D>& sm) {
-  const ForwardParams& p = args.p;
-  const ConsumerThread me = consumer_thread();
-  const int lane = me.lane;
-  constexpr SmemLayout kRowsLayout = kSwizzleFor<D>, kVtLayout = kSwizzleFor<kKeyTile>;
-  float o_acc[D / 2];
-  float m[2], l[2], alpha[2];
-  float s[kKeyTile / 2];
-  uint32_t pa[kKeyTile / 32][4];
-  auto& ring = sm.ring;
-  auto stage = [&](int use) -> const KeyTileStage<D>& { return sm.stage[ring.stage(use)]; };
-  // The ring's uses alternate between the consumers' items, so a consumer may wait for a use whose
-  // stage has not yet been filled for the use before it (the other consumer's): a parity wait
-  // cannot tell those two rounds apart, the use tag the streamer writes once the stage is free can.
-  auto wait_tile = [&](int use) {
-    const volatile int* tag = &sm.stage[ring.stage(use)].use;
-    while (*tag != use) {
-    }
-    ring.wait_full(use);
-  };
-  const timeline::StepClock idle_clock{};
-  for (int n = me.consumer;; n += kConsumers) {
-    sm.q_ring.wait_full(n);
-    const int b = sm.q_ring.stage(n);
-    const CtaWork w = sm.info[b].work;
-    if (w.tiles == 0) return;
-    const ItemRows it = item_rows<true>(w, sm.info[b], sm.info[b].first_key_use, b);
-    const uint8_t* q = sm.q[b];
-    zero(o_acc);
-    m[0] = m[1] = -INFINITY;
-    l[0] = l[1] = 0.f;
-    const SoftmaxRows softmax{m, l, alpha};
-    wait_tile(it.key_uses);
-    wgmma_fence();
-    rows_product<D, kKeyTile, kRowsLayout>(s, q, stage(it.key_uses).k);
-    wgmma_commit();
-    wgmma_wait<0>();
-    tile_softmax<D, false, true>(p, it, stage(it.key_uses), 0, s, softmax, idle_clock);  // O is still 0
-    pack_a_operand<kKeyTile>(s, pa);
-    for (int i = 1; i < w.tiles; ++i) {
-      wait_tile(it.key_uses + i);
-      wgmma_fence();
-      rows_product<D, kKeyTile, kRowsLayout>(s, q, stage(it.key_uses + i).k);
-      wgmma_commit();
-      register_product<D, kKeyTile, kVtLayout>(o_acc, pa, stage(it.key_uses + i - 1).vt);
-      wgmma_commit();
-      wgmma_wait<1>();  // S_i is done; P.V may still run
-      interior_softmax<D, false>(p, it, stage(it.key_uses + i), i, s, softmax, idle_clock);
-      wgmma_wait<0>();
-      fence_accumulators(o_acc);
-      if (lane == 0) ring.arrive_empty(it.key_uses + i - 1);
-      rescale_output(o_acc, alpha);
-      pack_a_operand<kKeyTile>(s, pa);
-    }
-    if (lane == 0) sm.q_ring.arrive_empty(n);  // the item's last S is done
-    const int last = w.tiles - 1;
-    wgmma_fence();
-    register_product<D, kKeyTile, kVtLayout>(o_acc, pa, stage(it.key_uses + last).vt);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(o_acc);
-    if (lane == 0) ring.arrive_empty(it.key_uses + last);
-    store_item_output(p, it, o_acc, m, l);
-  }
-}
-
-template <int D, bool kTurns, bool kInteriorCodes, bool kSplitItems = false>
+template <int D, bool kTurns, bool kInteriorCodes>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ ForwardArgs args) {
-  static_assert(!(kSplitItems && (kTurns || kInteriorCodes)), "split items: short documents, document isolation");
   // The skeleton of tma.cuh's aligned_shared_storage and run_roles, written out: through those
   // helpers (as the backward kernels use them) this kernel compiled to other SASS and measured 1%
   // slower on the H200 at 4x16384 and 16x4096 (two rounds in each of two runs).
@@ -505,25 +416,17 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   SharedTiles<D>& sm = *reinterpret_cast<SharedTiles<D>*>(smem_raw + ((1024 - smem_address(smem_raw) % 1024) % 1024));
 
   if (threadIdx.x == 0) {
-    // Split items: each stage and Q buffer serves one consumer's four warps.
-    constexpr int kReleases = kSplitItems ? kConsumerWarps / kConsumers : kConsumerWarps;
-    sm.ring.init(kStreamerLanes, kReleases);
-    sm.q_ring.init(kProducerLanes, kReleases);
-    if (kSplitItems)
-      for (auto& st : sm.stage) st.use = -1;
+    sm.ring.init(kStreamerLanes, kConsumerWarps);
+    sm.q_ring.init(kProducerLanes, kConsumerWarps);
     barrier_init_fence();
   }
   __syncthreads();
   if (threadIdx.x < 128) {
     release_registers<kProducerRegisters>();
-    if (threadIdx.x < 32 * kProducerWarps) produce<D, kInteriorCodes, kSplitItems>(args, sm);
+    if (threadIdx.x < 32 * kProducerWarps) produce<D, kInteriorCodes>(args, sm);
   } else {
     claim_registers<kConsumerRegisters>();
-    if constexpr (kSplitItems) {
-      consume_split_items<D>(args, sm);
-    } else {
-      consume_items<D, kTurns, kInteriorCodes>(args, sm);
-    }
+    consume_items<D, kTurns, kInteriorCodes>(args, sm);
   }
 }
 
@@ -534,12 +437,7 @@ int launch_forward(const ForwardParams& p, void* stream) {
     constexpr int D = decltype(d)::value;
     ForwardArgs args{};
     args.p = p;
-    bool turns = consumers_take_turns(p.group_scales || p.interior_codes, p.total_tokens, p.num_docs);
-    // Experiment SPT (docs/LEVERS.md): FLAMIA_SPLIT_ITEMS=1 runs the short-document instance with split items.
-    const char* split_env = std::getenv("FLAMIA_SPLIT_ITEMS");
-    const bool split = !turns && !p.interior_codes && split_env && split_env[0] == '1';
-    cudaError_t e =
-        rows_form_map(args.q_map, p.q_codes, p.total_tokens, p.q_heads, D, split ? kSplitItemRows : kQueryRows);
+    cudaError_t e = rows_form_map(args.q_map, p.q_codes, p.total_tokens, p.q_heads, D, kQueryRows);
     if (e == cudaSuccess) e = rows_form_map(args.k_map[0], p.k_codes, p.total_tokens, p.kv_heads, D, kKeyTile);
     if (e == cudaSuccess) e = transposed_form_map(args.vt_map[0], p.v_codes_t, p.vt_pitch, p.kv_heads, D, kKeyTile);
     if (!p.interior_codes) {  // the interior tiles read the same codes: the same maps, not encoded again
@@ -552,13 +450,13 @@ int launch_forward(const ForwardParams& p, void* stream) {
     }
     if (e != cudaSuccess) return e;
     const int64_t items = order::table_entries(p.total_tokens, p.num_docs) * p.q_heads;
+    bool turns = consumers_take_turns(p.group_scales || p.interior_codes, p.total_tokens, p.num_docs);
     if constexpr (timeline::kRecording) {  // diagnostics: FLAMIA_TIMELINE_TURNS=0/1 overrides the choice
       if (const char* force = std::getenv("FLAMIA_TIMELINE_TURNS")) turns = force[0] == '1';
     }
     const auto kernel = p.interior_codes ? (turns ? forward_kernel<D, true, true> : forward_kernel<D, false, true>)
-                        : split          ? forward_kernel<D, false, false, true>
                                          : (turns ? forward_kernel<D, true, false> : forward_kernel<D, false, false>);
-    return launch_persistent(kernel, args, kSharedBytes<D>, kThreads, items * (split ? 2 : 1), p.work_counter,
+    return launch_persistent(kernel, args, kSharedBytes<D>, kThreads, items, p.work_counter,
                              static_cast<cudaStream_t>(stream));
   });
 }

@@ -46,7 +46,6 @@ struct alignas(1024) KeyTileStage {
   float v_pow[kKeyTile];     // 2^(ev_j - c): interior tiles' half of the V fold (see row_constants)
   uint8_t v_scale[kKeyTile];  // UE8M0 of V_j: masked tiles fold with its exponent
   float2 group_fold[kKeyTile / tiling::kScaleBlock];  // grouped tiles: {e_g, 2^-e_g} (see GroupFold)
-  int use;  // split items: the ring use the stage holds (forward.cu's consume_split_items)
 };
 // One work item: what the producer finds and hands the consumers with the item's Q tile.
 struct CtaWork {
@@ -66,12 +65,7 @@ struct QueryTileInfo {
   CtaWork work;
   RowConstants row[kQueryRows];         // past the document end: the document's first row's
   uint8_t split_fold[kConsumerWarps];  // per consumer warp (its 16 rows): see row_constants
-  int first_key_use;                   // split items: the ring use of the item's tile 0
 };
-// Split items (the short-document instance): an item is 64 query rows, one consumer's, and the
-// two consumers take the items in turn (item n is consumer n % 2's), so each runs its own items
-// out of phase with the other's. Its rows are rows 0..63 of its QueryTileInfo and Q buffer.
-constexpr int kSplitItemRows = kWarpgroupRows;
 
 // One item as a consumer thread sees it: the item, the ring use of its tile 0, and its two rows'
 // constants (see item_rows).
@@ -471,16 +465,14 @@ __device__ __forceinline__ void lsum_units(const ItemRows& it, float (&lsum_pow)
   for (int r = 0; r < 2; ++r) lsum_pow[r] = pow2_of_integral(it.lsum_exp[r]);
 }
 
-template <bool kSplitItems = false>
 __device__ __forceinline__ ItemRows item_rows(const CtaWork& w, const QueryTileInfo& info, int key_uses,
                                               int q_buffer) {
   const ConsumerThread me = consumer_thread();
-  const int item_warp = kSplitItems ? me.warp % 4 : me.warp;  // the warp's 16 rows of the item
   ItemRows it;
   it.w = w;
   it.key_uses = key_uses;
   it.q_buffer = q_buffer;
-  const int tile_rows[2] = {item_warp * kRowsPerWarp + me.g, item_warp * kRowsPerWarp + me.g + 8};
+  const int tile_rows[2] = {me.warp * kRowsPerWarp + me.g, me.warp * kRowsPerWarp + me.g + 8};  // of the 128
   for (int r = 0; r < 2; ++r) {
     it.rows[r] = w.q0 + tile_rows[r];
     it.row_valid[r] = it.rows[r] < w.len;
@@ -490,7 +482,7 @@ __device__ __forceinline__ ItemRows item_rows(const CtaWork& w, const QueryTileI
     it.row_pow[r] = c.row_pow;
     it.lsum_exp[r] = c.lsum_exp;
   }
-  it.split_fold = __all_sync(0xffffffffu, info.split_fold[item_warp]);  // a vote: warp-uniform to the compiler
+  it.split_fold = __all_sync(0xffffffffu, info.split_fold[me.warp]);  // a vote: warp-uniform to the compiler
   return it;
 }
 
