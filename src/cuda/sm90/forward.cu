@@ -309,6 +309,8 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   static_assert(timeline::kConsumerWarps == kConsumerWarps, "the timeline has a row per consumer warp");
   timeline::StepClock clock = timeline::StepClock::for_consumer(me.warp, lane);
   const timeline::StepClock idle_clock{};
+  ItemRows it;
+  if (!published(0, 0, it)) return;
   // A step waits for its stage, then issues its products, in a turn with kTurns (the two consumers
   // alternate on the tensor cores). Every step's wgmma sequence is straight-line code (no branch
   // between issue and wait), or the compiler serializes the products.
@@ -322,16 +324,19 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   const ConsumerTurns<kTurns, kSoftmaxTurnBarrier> softmax_turns{me.consumer};
   turns.open();
   softmax_turns.open();
-  // Iteration n runs item n - 1's tile loop, then the transition to item n: n's S_0 issued with
-  // n - 1's last P.V, n's first softmax while that P.V runs, then n - 1's O stored. Before the first
-  // item there is no item n - 1: its P.V is a product of zeros (pa) into the zero O, over item 0's
-  // own V tile (finite codes: docs/NUMERICS.md), so that the kernel holds one copy of the tile-0
-  // softmax (on short documents the transitions run as often as the loop's steps, and instruction
-  // fetch stalled the consumers).
-  ItemRows it{};  // item n - 1: none yet (0 tiles, ring uses from 0)
-  bool has_prev = false;
-  start_item();
-  for (auto& word : pa) word[0] = word[1] = word[2] = word[3] = 0u;
+  {  // the first item's step 0: S_0 alone
+    sm.ring.wait_full(it.key_uses);
+    turns.begin();
+    wgmma_fence();
+    issue_s(it, 0);
+    turns.end();
+    wgmma_wait<0>();
+    start_item();
+    float alpha[2];
+    tile_softmax<D, kInteriorCodes, kLeanSteps>(p, it, stage(it.key_uses), 0, s, SoftmaxRows{m, l, alpha},
+                                                idle_clock);  // O is still 0
+    pack_a_operand<kKeyTile>(s, pa);
+  }
   for (int n = 0;; ++n) {
     for (int i = 1; i < it.w.tiles; ++i) {
       clock.at_step(it.key_uses + i);
@@ -360,24 +365,22 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
       pack_a_operand<kKeyTile>(s, pa);
       clock.stamp(timeline::kPacked);
     }
-    // Item n - 1's Q tile is done with (its last S is), so its buffer goes back to the publisher.
-    if (has_prev && lane == 0) sm.q_ring.arrive_empty(n - 1);
+    // Item n's Q tile is done with (its last S is), so its buffer goes back to the publisher.
+    if (lane == 0) sm.q_ring.arrive_empty(n);
     const int last = it.w.tiles - 1;
     // The transition to the next item (its tile 0, a use the loop never records): its start alone.
     clock.at_step(it.key_uses + it.w.tiles);
     clock.stamp(timeline::kStepStart);
     ItemRows next;
-    if (!published(n, it.key_uses + it.w.tiles, next)) {  // no more items: the last one's P.V alone
-      if (has_prev) {
-        turns.begin();
-        wgmma_fence();
-        issue_pv(it, last);
-        turns.end();
-        wgmma_wait<0>();
-        fence_accumulators(o_acc);
-        if (lane == 0) sm.ring.arrive_empty(it.key_uses + last);
-        store_item_output(p, it, o_acc, m, l);
-      }
+    if (!published(n + 1, it.key_uses + it.w.tiles, next)) {  // the last item: its P.V alone
+      turns.begin();
+      wgmma_fence();
+      issue_pv(it, last);
+      turns.end();
+      wgmma_wait<0>();
+      fence_accumulators(o_acc);
+      if (lane == 0) sm.ring.arrive_empty(it.key_uses + last);
+      store_item_output(p, it, o_acc, m, l);
       turns.close();
       softmax_turns.close();
       return;
@@ -386,9 +389,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
     turns.begin();
     wgmma_fence();
     issue_s(next, 0);
-    register_product<D, kKeyTile, kVtLayout>(o_acc, pa, has_prev ? stage(it.key_uses + last).vt
-                                                                  : stage(next.key_uses).vt);
-    wgmma_commit();
+    issue_pv(it, last);
     turns.end();
     wgmma_wait<1>();  // the next item's S_0 is done; this item's last P.V may still run
     float next_m[2] = {-INFINITY, -INFINITY}, next_l[2] = {0.f, 0.f}, alpha[2];
@@ -396,16 +397,13 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
                                                 idle_clock);  // O is 0
     wgmma_wait<0>();
     fence_accumulators(o_acc);
-    if (has_prev) {
-      if (lane == 0) sm.ring.arrive_empty(it.key_uses + last);  // the ring runs on into the next item
-      store_item_output(p, it, o_acc, m, l);
-    }
+    if (lane == 0) sm.ring.arrive_empty(it.key_uses + last);  // the ring runs on into the next item
+    store_item_output(p, it, o_acc, m, l);
     start_item();
     m[0] = next_m[0], m[1] = next_m[1];
     l[0] = next_l[0], l[1] = next_l[1];
     pack_a_operand<kKeyTile>(s, pa);
     it = next;
-    has_prev = true;
   }
 }
 
