@@ -77,19 +77,19 @@ float resolved_softmax_scale(const flamia_options& options, int head_dim) {
 
 cuda::sm90::KernelProblem kernel_problem(const flamia_tensor& q, const flamia_tensor& k, const flamia_documents& docs,
                                          const flamia_options& options, const NumericsOptions& numerics) {
-  cuda::sm90::KernelProblem s{};
-  s.cu_seqlens = docs.cu_seqlens;
-  s.num_docs = docs.num_docs;
-  s.total_tokens = int(q.tokens);
-  s.q_heads = int(q.heads);
-  s.kv_heads = int(k.heads);
-  s.head_dim = int(q.dim);
-  s.softmax_scale = resolved_softmax_scale(options, s.head_dim);
-  s.p_boost_log2 = options.p_boost_log2;
-  s.causal = options.causal == 1;
-  s.group_scales = numerics.effective_geometry() == ScaleGeometry::kBlock32;
-  s.interior_codes = numerics.interior_codes();
-  return s;
+  cuda::sm90::KernelProblem p{};
+  p.cu_seqlens = docs.cu_seqlens;
+  p.num_docs = docs.num_docs;
+  p.total_tokens = int(q.tokens);
+  p.q_heads = int(q.heads);
+  p.kv_heads = int(k.heads);
+  p.head_dim = int(q.dim);
+  p.softmax_scale = resolved_softmax_scale(options, p.head_dim);
+  p.p_boost_log2 = options.p_boost_log2;
+  p.causal = options.causal == 1;
+  p.group_scales = numerics.effective_geometry() == ScaleGeometry::kBlock32;
+  p.interior_codes = numerics.interior_codes();
+  return p;
 }
 
 CallError check_offsets_and_order_into(const flamia_documents& docs, cuda::sm90::KernelProblem& problem,
