@@ -1,17 +1,19 @@
 // flamia_backward and flamia_backward_saved: validate, carve the caller's workspace, check cu_seqlens
 // and build the work order (the call's first kernel: what follows reads its checked copy of the
 // offsets), quantize Q, K and V (bitwise the codes the forward used; flamia_backward_saved reads them
-// from the saved codes instead) and dO, build dO's running scale max and D_i, then run the dK dV and
-// dQ kernels, all asynchronously on the caller's stream. No allocation, no host synchronization and
-// no device-to-host copy, so the call can be captured in a CUDA graph. Malformed offsets leave no
-// document to the later kernels, and the prep pass fills dq, dk and dv with NaN.
+// from the saved codes instead) and dO, with each row's D_i formed beside dO's codes, build dO's
+// running scale max, then run the dK dV and dQ kernels, all asynchronously on the caller's stream.
+// No allocation, no host synchronization and no device-to-host copy, so the call can be captured in
+// a CUDA graph. Malformed offsets leave no document to the later kernels, and the offsets check
+// fills dq, dk and dv with NaN.
 // Where it applies (takes_dq_partials), dQ comes from FP16 partials of the dK dV pass instead of
-// a dQ pass (core/dq_partials.h): prep also forms the rows' factors and zeroes dq, which holds the
-// FP16 accumulator until the finish pass writes BF16 dQ.
+// a dQ pass (core/dq_partials.h): a prep pass forms D_i with the rows' factors and zeroes dq, which
+// holds the FP16 accumulator until the finish pass writes BF16 dQ.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <exception>
+#include <span>
 #include <string>
 #include <tuple>
 
@@ -63,14 +65,18 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   uint8_t* const base = static_cast<uint8_t*>(workspace);
   auto region = [base](const WorkspaceRegion& r) { return region_pointer(base, r); };
 
-  // First the offsets: malformed ones leave no document to what follows (the prep pass then fills
-  // dq, dk and dv with NaN: it runs over every row, and in the FP16-partials backward it is what
-  // initializes dq).
+  // First the offsets: malformed ones fill dq, dk and dv with NaN (FP16 NaN where dq holds the FP16
+  // partials' accumulator: the finish pass turns it into BF16 NaN) and leave no document to what
+  // follows.
+  const bool dq_partials = takes_dq_partials(*q, *dq, *docs, *options, numerics, codes);
   cuda::sm90::BackwardParams p{};
   static_cast<cuda::sm90::KernelProblem&>(p) = kernel_problem(*q, *k, *docs, *options, numerics);
+  cuda::OffsetsCheck poison;
+  poison.rows[0] = nan_rows(*dq, dq_partials ? cuda::kFp16NanPair : cuda::kBf16NanPair);
+  poison.rows[1] = nan_rows(*dk);
+  poison.rows[2] = nan_rows(*dv);
   flamia_documents checked_docs{};
-  if (CallError e = check_offsets_and_order(*docs, p, base, ws, cuda::OffsetsCheck{}, s, checked_docs); !e.ok())
-    return e;
+  if (CallError e = check_offsets_and_order(*docs, p, base, ws, poison, s, checked_docs); !e.ok()) return e;
   const flamia_documents* const docs_checked = &checked_docs;
 
   // The saved buffer is only read here (the kernels take const pointers).
@@ -79,8 +85,12 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   if (!saved) {
     if (CallError e = quantize_qkv(*q, *k, *v, *docs_checked, numerics, qkv, s); !e.ok()) return e;
   }
+  // The deterministic passes take D_i from dO's quantizer; the FP16 partials' prep pass forms it.
+  const cuda::RowDelta row_delta{static_cast<const __nv_bfloat16*>(o->data), o->stride_token, o->stride_head,
+                                 reinterpret_cast<float*>(region(ws.delta))};
   if (CallError e = quantize_operand(*dout, *docs_checked, numerics.effective_geometry(), numerics.scale_rule,
-                                     region(ws.g_codes), region(ws.g_codes_t), region(ws.g_scales), s, "dout");
+                                     region(ws.g_codes), region(ws.g_codes_t), region(ws.g_scales), s, "dout",
+                                     nullptr, dq_partials ? nullptr : &row_delta);
       !e.ok())
     return e;
   // The dV fold reference gamma is the document's largest dO exponent (over a KV group's heads):
@@ -91,7 +101,6 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
       err != cudaSuccess)
     return cuda_error("dout's running scale max (launch_prefix_max_scales)", err);
 
-  const bool dq_partials = takes_dq_partials(*q, *dq, *docs, *options, numerics, codes);
   if (dq_partials) {  // U's and the accumulator's bounds read K's and V's running scale max
     const int Hkv = int(k->heads);
     for (const auto& [scales, prefix_max, what] :
@@ -132,14 +141,15 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   }
 
   using Launch = int (*)(const cuda::sm90::BackwardParams&, void*);
-  const std::pair<Launch, const char*> prep{cuda::sm90::launch_backward_prep,
-                                            "the backward prep kernel (launch_backward_prep)"};
   const std::pair<Launch, const char*> dkdv{cuda::sm90::launch_backward_dkdv, "the dK dV kernel (launch_backward_dkdv)"};
   const std::pair<Launch, const char*> deterministic[] = {
-      prep, dkdv, {cuda::sm90::launch_backward_dq, "the dQ kernel (launch_backward_dq)"}};
+      dkdv, {cuda::sm90::launch_backward_dq, "the dQ kernel (launch_backward_dq)"}};
   const std::pair<Launch, const char*> with_partials[] = {
-      prep, dkdv, {cuda::sm90::launch_backward_dq_finish, "the dQ finish kernel (launch_backward_dq_finish)"}};
-  const auto& passes = dq_partials ? with_partials : deterministic;
+      {cuda::sm90::launch_backward_prep, "the backward prep kernel (launch_backward_prep)"},
+      dkdv,
+      {cuda::sm90::launch_backward_dq_finish, "the dQ finish kernel (launch_backward_dq_finish)"}};
+  using Passes = std::span<const std::pair<Launch, const char*>>;
+  const Passes passes = dq_partials ? Passes(with_partials) : Passes(deterministic);
   for (const auto& [launch, what] : passes) {
     cudaError_t err = static_cast<cudaError_t>(launch(p, stream));
     if (err == cudaSuccess) err = cudaGetLastError();

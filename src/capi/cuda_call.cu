@@ -39,11 +39,13 @@ CallError check_device() {
 
 CallError quantize_operand(const flamia_tensor& t, const flamia_documents& docs, ScaleGeometry geometry,
                            ScaleRule rule, uint8_t* codes, uint8_t* transposed_codes, uint8_t* scales,
-                           cudaStream_t stream, const char* name, const cuda::BlockCodes* second) {
+                           cudaStream_t stream, const char* name, const cuda::BlockCodes* second,
+                           const cuda::RowDelta* row_delta) {
   // The validators bound T * H * D by 2^31 - 1, so every extent fits an int.
   const cudaError_t err = cuda::launch_quantize_mxfp8(
       static_cast<const __nv_bfloat16*>(t.data), t.stride_token, t.stride_head, int(t.tokens), int(t.heads),
-      int(t.dim), docs.cu_seqlens, docs.num_docs, geometry, rule, codes, transposed_codes, scales, stream, second);
+      int(t.dim), docs.cu_seqlens, docs.num_docs, geometry, rule, codes, transposed_codes, scales, stream, second,
+      row_delta);
   if (err != cudaSuccess) return cuda_error(std::string("quantizing ") + name + " (launch_quantize_mxfp8)", err);
   return CallError::success();
 }

@@ -29,10 +29,17 @@ CallError check_device();
 // Quantizes the BF16 tensor t (heads heads) with document-local groups into UE8M0 scales and E4M3
 // codes in the row layout [T, H, D] and/or the transposed layout of core/operand_layout.h (either
 // codes pointer may be null), asynchronously on stream. name says which operand, for errors.
-// second: a block32 encoding in the same pass, as launch_quantize_mxfp8's (null: none).
+// second: a block32 encoding in the same pass, as launch_quantize_mxfp8's (null: none); row_delta:
+// the backward's D_i beside dO's codes, as launch_quantize_mxfp8's (null: none).
 CallError quantize_operand(const flamia_tensor& t, const flamia_documents& docs, ScaleGeometry geometry,
                            ScaleRule rule, uint8_t* codes, uint8_t* transposed_codes, uint8_t* scales,
-                           cudaStream_t stream, const char* name, const cuda::BlockCodes* second = nullptr);
+                           cudaStream_t stream, const char* name, const cuda::BlockCodes* second = nullptr,
+                           const cuda::RowDelta* row_delta = nullptr);
+
+// An output tensor as the offsets check fills it with NaN (nan_pair: two NaNs of its format).
+inline cuda::NanRows nan_rows(const flamia_tensor& t, uint32_t nan_pair = cuda::kBf16NanPair) {
+  return {t.data, t.stride_token, t.stride_head, int(t.heads), int(t.dim), nan_pair};
+}
 
 // The buffer of a workspace region, or null where the layout has none (bytes 0).
 inline uint8_t* region_pointer(uint8_t* workspace, const WorkspaceRegion& r) {

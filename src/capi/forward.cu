@@ -86,9 +86,7 @@ CallError forward(const flamia_tensor* q, const flamia_tensor* k, const flamia_t
   // First the offsets: malformed ones fill o and lse with NaN, and leave no document to what follows.
   cuda::sm90::KernelProblem problem = kernel_problem(*q, *k, *docs, *options, numerics);
   cuda::OffsetsCheck poison;
-  poison.rows = o->data;
-  poison.rows_stride_token = o->stride_token, poison.rows_stride_head = o->stride_head;
-  poison.rows_heads = int(o->heads), poison.rows_dim = int(o->dim);
+  poison.rows[0] = nan_rows(*o);
   poison.lse = lse, poison.lse_heads = int(q->heads);
   flamia_documents checked{};
   if (CallError e = check_offsets_and_order(*docs, problem, base, ws, poison, s, checked); !e.ok()) return e;

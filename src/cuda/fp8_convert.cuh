@@ -1,11 +1,13 @@
-// Exact powers of two and the hardware E4M3 conversions, shared by the quantization kernel and the
-// Hopper attention kernels (device code only).
+// Exact powers of two (of integers and of UE8M0 scale codes) and the hardware E4M3 conversions,
+// shared by the quantization kernel and the Hopper attention kernels (device code only).
 #pragma once
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
+
+#include "formats/scales.h"
 
 namespace flamia::cuda {
 
@@ -15,6 +17,17 @@ __device__ __forceinline__ float exp2i_float(int e) {
   if (e > 127) return __int_as_float(0x7f800000);
   if (e >= -126) return __int_as_float((e + 127) << 23);
   return e >= -149 ? __int_as_float(1 << (e + 149)) : 0.f;
+}
+
+// 2^e and 2^-e of a UE8M0 scale code (e = code - 127; NaN for the NaN code), exact, from the code's
+// bits without a branch: 2^e's biased float exponent is the code itself (code 0: the subnormal
+// 2^-127), 2^-e's is 254 - code (code 254: 2^-127).
+static_assert(formats::kUe8m0NaN == 0xFF && formats::kUe8m0Bias == 127, "a code is its 2^e's biased float exponent");
+__device__ __forceinline__ float pow2_of_scale(uint8_t code) {
+  return __uint_as_float(code == formats::kUe8m0NaN ? 0x7fc00000u : code == 0 ? 0x00400000u : uint32_t(code) << 23);
+}
+__device__ __forceinline__ float inv_pow2_of_scale(uint8_t code) {
+  return __uint_as_float(code == formats::kUe8m0NaN ? 0x7fc00000u : code == 254 ? 0x00400000u : uint32_t(254 - code) << 23);
 }
 
 // Two floats to two E4M3 codes (round to nearest even, subnormals included; finite values beyond

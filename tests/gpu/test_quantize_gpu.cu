@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -23,6 +24,7 @@
 #include "core/options.h"
 #include "core/operand_layout.h"
 #include "cuda/quant/quantize_mxfp8.cuh"
+#include "formats/minifloat.h"
 #include "formats/scales.h"
 #include "reference/quantize.h"
 
@@ -631,6 +633,91 @@ TEST_F(Gpu, SecondBlock32EncodingMatchesItsOwnLaunch) {
   }
   EXPECT_GT(encoded, 0);
   EXPECT_GT(skipped, 0);
+}
+
+// D_i beside dO's codes (row_delta, the backward's deterministic passes): the codes, scales and
+// transposed layout are bitwise those of a launch without it, and every row's D_i is the host's sum
+// in cuda/gradient_row_dot.cuh's order (per lane of D / 8, 8 fused multiply-adds in feature order,
+// then a butterfly over the row's lanes) times 2^e of the row's scale: bitwise, NaN where the row's
+// group holds a NaN. Both head dims and geometries, 5 heads (a partial head group), unaligned and
+// empty documents, dO strided inside a wider buffer. Views that need scalar loads are refused.
+TEST_F(Gpu, RowDeltaBesideTheCodesMatchesTheHostSum) {
+  for (const int D : {64, 128})
+    for (const ScaleGeometry g : {ScaleGeometry::kBlock32, ScaleGeometry::kToken})
+      for (const bool strided : {false, true}) {
+        SCOPED_TRACE("D " + std::to_string(D) + (g == ScaleGeometry::kToken ? " token" : " block32") +
+                     (strided ? " strided" : ""));
+        constexpr int H = 5;
+        analysis::InputShape shape;
+        shape.lengths = {5, 128, 0, 129, 300, 31, 257};
+        shape.q_heads = H, shape.kv_heads = H, shape.head_dim = D;
+        analysis::AttentionInputs in = analysis::random_inputs(shape, 40 + D);
+        const Documents& docs = in.docs;
+        const int T = docs.total_tokens();
+        in.q.at(140, 2, 7) = NAN;  // one group of dO holds a NaN: its rows' D_i are NaN
+        const View view = strided ? View{8, int64_t(H) * (D + 8) + 16, D + 8} : View{0, int64_t(H) * D, D};
+        const size_t size = view.offset + size_t(T) * view.token_stride + 8;
+        DeviceBuffer<__nv_bfloat16> x(embed(in.q, size, view.offset, view.token_stride, view.head_stride));
+        DeviceBuffer<__nv_bfloat16> o(contiguous(in.k));
+        DeviceBuffer<int32_t> cu(docs.cu_seqlens());
+        const size_t pitch = size_t(layout::transposed_tokens(T, docs.count()));
+        DeviceBuffer<uint8_t> codes(size_t(T) * H * D), scales(size_t(T) * H), transposed(size_t(H) * D * pitch);
+        DeviceBuffer<uint8_t> codes_alone(size_t(T) * H * D), scales_alone(size_t(T) * H),
+            transposed_alone(size_t(H) * D * pitch);
+        DeviceBuffer<float> delta(size_t(H) * T);
+        for (auto* b : {&codes, &scales, &transposed, &codes_alone, &scales_alone, &transposed_alone}) b->fill_bytes(kSentinel);
+        delta.fill_bytes(kSentinel);
+        const cuda::RowDelta row_delta{o.get(), int64_t(H) * D, D, delta.get()};
+        auto launch = [&](DeviceBuffer<uint8_t>& c, DeviceBuffer<uint8_t>& t, DeviceBuffer<uint8_t>& s,
+                          const cuda::RowDelta* rd) {
+          return cuda::launch_quantize_mxfp8(x.get() + view.offset, view.token_stride, view.head_stride, T, H, D,
+                                             cu.get(), docs.count(), g, ScaleRule::kCeil, c.get(), t.get(), s.get(),
+                                             nullptr, nullptr, rd);
+        };
+        CUDA_CHECK(launch(codes, transposed, scales, &row_delta));
+        CUDA_CHECK(launch(codes_alone, transposed_alone, scales_alone, nullptr));
+        CUDA_CHECK(cudaDeviceSynchronize());
+        ASSERT_EQ(codes.download(), codes_alone.download());
+        ASSERT_EQ(scales.download(), scales_alone.download());
+        ASSERT_EQ(transposed.download(), transposed_alone.download());
+
+        const std::vector<uint8_t> c = codes.download(), s = scales.download();
+        const std::vector<float> got = delta.download();
+        const int lanes = D / 8;
+        int nan_rows = 0;
+        for (int t = 0; t < T; ++t)
+          for (int h = 0; h < H; ++h) {
+            std::vector<float> lane_sum(size_t(lanes), 0.f);
+            for (int j = 0; j < lanes; ++j)
+              for (int f = 8 * j; f < 8 * j + 8; ++f)
+                lane_sum[j] = std::fmaf(float(formats::decode_e4m3(c[(size_t(t) * H + h) * D + f])),
+                                        float(in.k.at(t, h, f)), lane_sum[j]);
+            for (int m = lanes / 2; m > 0; m >>= 1) {
+              std::vector<float> next(lane_sum);
+              for (int j = 0; j < lanes; ++j) next[j] = lane_sum[j] + lane_sum[j ^ m];
+              lane_sum = next;
+            }
+            const uint8_t scale = s[size_t(t) * H + h];
+            const float want = scale == formats::kUe8m0NaN ? NAN : lane_sum[0] * std::ldexp(1.f, int(scale) - 127);
+            const float have = got[size_t(h) * T + t];
+            if (std::isnan(want)) {
+              ++nan_rows;
+              ASSERT_TRUE(std::isnan(have)) << "token " << t << " head " << h;
+            } else {
+              ASSERT_EQ(std::bit_cast<uint32_t>(have), std::bit_cast<uint32_t>(want))
+                  << "token " << t << " head " << h << ": " << have << " vs " << want;
+            }
+          }
+        EXPECT_GT(nan_rows, 0) << "the planted NaN must reach D_i";
+        cuda::RowDelta bad = row_delta;
+        bad.o = o.get() + 1;  // O's rows must be 16-byte aligned
+        EXPECT_EQ(launch(codes, transposed, scales, &bad), cudaErrorInvalidValue);
+        EXPECT_EQ(cuda::launch_quantize_mxfp8(x.get() + 1, view.token_stride, view.head_stride, T, H, D, cu.get(),
+                                              docs.count(), g, ScaleRule::kCeil, codes.get(), transposed.get(),
+                                              scales.get(), nullptr, nullptr, &row_delta),
+                  cudaErrorInvalidValue)
+            << "dO must take 16-byte loads";
+      }
 }
 
 // ---- the V fold reference: running max of the scale exponents ------------------------------

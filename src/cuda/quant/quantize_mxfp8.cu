@@ -29,6 +29,7 @@
 #include "core/schedule.h"
 #include "core/tiling.h"
 #include "cuda/block_scan.cuh"
+#include "cuda/gradient_row_dot.cuh"
 #include "cuda/schedule/document_span.cuh"
 #include "formats/minifloat.h"
 #include "formats/scales.h"
@@ -86,6 +87,22 @@ __device__ __forceinline__ uint32_t max_abs_bits(const uint4& v) {
   return max(m & 0xFFFFu, m >> 16);
 }
 
+// A 16-byte copy from global to shared memory that completes in the background (the issuing thread
+// waits for its copies with wait_own_copies), so that the row of O behind kDelta's products is in
+// flight with the step's loads without holding registers.
+__device__ __forceinline__ void copy_async_16(void* shared_dst, const void* global_src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(uint32_t(__cvta_generic_to_shared(shared_dst))),
+               "l"(global_src)
+               : "memory");
+}
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void wait_own_copies() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// kDelta's dynamic shared memory: each thread's chunks of O, (head, item) at [(hh * kItems + k) *
+// kThreads + thread] (a warp's 16-byte reads are consecutive).
+template <int kItems>
+constexpr size_t kDeltaStageBytes = size_t(kHeadsPerCta) * kItems * kThreads * sizeof(uint4);
+
 // threadIdx.x, read where it is called: the compiler cannot hoist what derives from it out of a loop.
 __device__ __forceinline__ int thread_index_here() {
   int tid;
@@ -129,17 +146,25 @@ __device__ __forceinline__ uint4 load_chunk(const __nv_bfloat16* src) {
 // kSecond: phases 2 to 4 run twice per step, the second time into `second`'s buffers with block32
 // scales taken from the per-token amax of phase 1 (the first encoding is per token), on the steps
 // before each document's last second.skip_tiles tiles; the input is read once.
-template <bool kVecLoad, int kItems, bool kSecond>
-__global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems, kSecond))
+// kDelta (dim 64 or 128, both layouts written): phase 1 also copies the items' chunks of O into
+// shared memory, and 5. forms each row's D_i from them and the codes staged in phase 3 (row_delta).
+// A row's items lie on dim / 8 consecutive lanes in chunk order (item i is row i / chunks, chunk
+// i % chunks), which is gradient_row_dot's lane order.
+template <bool kVecLoad, int kItems, bool kSecond, bool kDelta>
+__global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems, kSecond || kDelta))
     quantize_mxfp8_kernel(const __nv_bfloat16* __restrict__ x, int64_t token_stride, int64_t head_stride,
                           int total_tokens, int heads, int dim, const int32_t* __restrict__ cu_seqlens, int num_docs,
                           ScaleGeometry geometry, ScaleRule rule, bool vec_store, uint8_t* __restrict__ codes,
                           uint8_t* __restrict__ transposed_codes, uint8_t* __restrict__ scales,
-                          BlockCodes second) {
+                          BlockCodes second, RowDelta row_delta) {
+  static_assert(!(kSecond && kDelta), "D_i is formed for dO, which has one encoding");
+  static_assert(!kDelta || kItems * kThreads == kTileTokens * 128 / kChunk, "D_i's instances take dim <= 128");
   // Per (head of the CTA, row): sign-cleared BF16 amax patterns (block32 uses row 0) and scales.
   __shared__ uint32_t row_amax[kHeadsPerCta][kTileTokens];
   __shared__ RowCodec row_codec[kHeadsPerCta][kTileTokens];  // each row's scale, as the encoder takes it
   __shared__ __align__(16) uint8_t tile_codes[kHeadsPerCta][kTileTokens * kTilePitch + kHeadPad];
+  __shared__ uint8_t row_scale[kHeadsPerCta][kTileTokens];  // kDelta: each row's scale code
+  extern __shared__ uint4 o_stage[];                          // kDelta: kDeltaStageBytes<kItems>
   const int64_t transposed_pitch = layout::transposed_tokens(total_tokens, num_docs);
   // This CTA's heads: one document lookup serves them all.
   const int h_first = int(blockIdx.y) * kHeadsPerCta, cta_heads = min(heads - h_first, kHeadsPerCta);
@@ -197,6 +222,17 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems, kSecond))
         if (hh < cta_heads && has_item(k) && item_row[k] < rows)
           v[hh][k] = load_chunk<kVecLoad>(x + item_src[k] + hh * head_stride);
       }
+    if constexpr (kDelta) {  // the items' chunks of O (this thread read its o_stage last in phase 5)
+#pragma unroll
+      for (int hh = 0; hh < kHeadsPerCta; ++hh)
+#pragma unroll
+        for (int k = 0; k < kItems; ++k)
+          if (hh < cta_heads && has_item(k) && item_row[k] < rows)
+            copy_async_16(o_stage + (hh * kItems + k) * kThreads + threadIdx.x,
+                          row_delta.o + int64_t(t0 + item_row[k]) * row_delta.o_stride_token +
+                              int64_t(h_first + hh) * row_delta.o_stride_head + item_chunk[k] * kChunk);
+      commit_copies();
+    }
     for (int i = int(threadIdx.x); i < kHeadsPerCta * kTileTokens; i += kThreads) (&row_amax[0][0])[i] = 0u;
     __syncthreads();
 #pragma unroll
@@ -232,6 +268,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems, kSecond))
         const uint8_t s = detail::scale_for_bf16_amax(amax, rule);
         const float inv = detail::inverse_scale(s);
         row_codec[hh][r] = RowCodec{inv, detail::code_mask(inv)};
+        if constexpr (kDelta) row_scale[hh][r] = s;
         scales[int64_t(t0 + r) * heads + h_first + hh] = s;
       }
       __syncthreads();
@@ -321,6 +358,35 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems, kSecond))
       }
     };
     encode(per_token, codes, transposed_codes, scales);
+    if constexpr (kDelta) {
+      // 5. D_i: each item's products of its staged codes (phase 3, this thread's) with its chunk of
+      // O (copied in phase 1, by this thread), summed over the row's lanes (every lane of the warp
+      // takes part: has_item is uniform over a warp) and written by the row's first lane. The next
+      // step writes tile_codes and row_scale only after two barriers.
+      wait_own_copies();
+#pragma unroll
+      for (int hh = 0; hh < kHeadsPerCta; ++hh) {
+        if (hh >= cta_heads) break;
+#pragma unroll
+        for (int k = 0; k < kItems; ++k) {
+          if (!has_item(k)) continue;
+          float sum = 0.f, no_squares = 0.f;
+          if (item_row[k] < rows) {
+            // two word loads: staged rows are word-aligned only (kTilePitch)
+            const uint32_t* const staged =
+                reinterpret_cast<const uint32_t*>(tile_codes[hh] + item_row[k] * kTilePitch + item_chunk[k] * kChunk);
+            const uint2 codes_staged = make_uint2(staged[0], staged[1]);
+            gradient_row_dot::add_lane_products<false>(codes_staged, o_stage[(hh * kItems + k) * kThreads + threadIdx.x],
+                                                       sum, no_squares);
+          }
+          sum = gradient_row_dot::row_sum(sum, chunks);
+          const int r = item_row[k];
+          if (item_chunk[k] == 0 && r < rows)
+            row_delta.delta[int64_t(h_first + hh) * total_tokens + t0 + r] =
+                gradient_row_dot::row_delta(sum, row_scale[hh][r]);
+        }
+      }
+    }
     if constexpr (kSecond) {
       // uniform over the CTA, as the barriers need
       if (second.skip_tile > 0 &&
@@ -398,7 +464,7 @@ __global__ void __launch_bounds__(kThreads)
 cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, int64_t head_stride, int total_tokens,
                                   int heads, int dim, const int32_t* cu_seqlens, int num_docs, ScaleGeometry geometry,
                                   ScaleRule rule, uint8_t* codes, uint8_t* transposed_codes, uint8_t* scales,
-                                  cudaStream_t stream, const BlockCodes* second) {
+                                  cudaStream_t stream, const BlockCodes* second, const RowDelta* row_delta) {
   if (dim < kChunk || dim > kMaxDim || dim % kChunk != 0 || heads < 1 || heads > kMaxGridY || total_tokens < 0 ||
       num_docs < 0)
     return cudaErrorInvalidValue;
@@ -409,12 +475,17 @@ cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, 
        reinterpret_cast<uintptr_t>(second->codes) % 8 != 0 || second->skip_tile < 0 ||
        second->skip_tile % kTileTokens != 0 || second->skip_tiles < 0))
     return cudaErrorInvalidValue;
+  const bool vec_load = reinterpret_cast<uintptr_t>(x) % 16 == 0 && token_stride % kChunk == 0 && head_stride % kChunk == 0;
+  if (row_delta != nullptr &&
+      ((dim != 64 && dim != 128) || !vec_load || second != nullptr || row_delta->delta == nullptr || codes == nullptr ||
+       transposed_codes == nullptr || reinterpret_cast<uintptr_t>(row_delta->o) % 16 != 0 ||
+       row_delta->o_stride_token % kChunk != 0 || row_delta->o_stride_head % kChunk != 0))
+    return cudaErrorInvalidValue;
   if (total_tokens == 0 || num_docs == 0) return cudaSuccess;
   if (x == nullptr || cu_seqlens == nullptr || scales == nullptr || (codes == nullptr && transposed_codes == nullptr) ||
       reinterpret_cast<uintptr_t>(transposed_codes) % 16 != 0)
     return cudaErrorInvalidValue;
 
-  const bool vec_load = reinterpret_cast<uintptr_t>(x) % 16 == 0 && token_stride % kChunk == 0 && head_stride % kChunk == 0;
   const bool vec_store = reinterpret_cast<uintptr_t>(codes) % 8 == 0;
   constexpr int64_t kMaxGridX = (int64_t(1) << 31) - 1;  // CTAs loop over the slots beyond it
   const int64_t slot_count = slots::slot_count(total_tokens, num_docs, kTileTokens);
@@ -425,17 +496,31 @@ cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, 
     constexpr bool kVec = decltype(vec_load_c)::value;
     constexpr int kItemsC = decltype(items_c)::value;
     if (second != nullptr)
-      quantize_mxfp8_kernel<kVec, kItemsC, true><<<grid, kThreads, 0, stream>>>(
+      quantize_mxfp8_kernel<kVec, kItemsC, true, false><<<grid, kThreads, 0, stream>>>(
           x, token_stride, head_stride, total_tokens, heads, dim, cu_seqlens, num_docs, geometry, rule, vec_store,
-          codes, transposed_codes, scales, *second);
+          codes, transposed_codes, scales, *second, RowDelta{});
     else
-      quantize_mxfp8_kernel<kVec, kItemsC, false><<<grid, kThreads, 0, stream>>>(
+      quantize_mxfp8_kernel<kVec, kItemsC, false, false><<<grid, kThreads, 0, stream>>>(
           x, token_stride, head_stride, total_tokens, heads, dim, cu_seqlens, num_docs, geometry, rule, vec_store,
-          codes, transposed_codes, scales, BlockCodes{});
+          codes, transposed_codes, scales, BlockCodes{}, RowDelta{});
+  };
+  // D_i beside dO's codes: dim 64 or 128 and 16-byte loads (checked above).
+  auto launch_with_delta = [&] {
+    const auto kernel = quantize_mxfp8_kernel<true, kItemsUpTo128, false, true>;
+    constexpr size_t kStage = kDeltaStageBytes<kItemsUpTo128>;
+    if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStage));
+        e != cudaSuccess)
+      return e;
+    kernel<<<grid, kThreads, kStage, stream>>>(x, token_stride, head_stride, total_tokens, heads, dim, cu_seqlens,
+                                               num_docs, geometry, rule, vec_store, codes, transposed_codes, scales,
+                                               BlockCodes{}, *row_delta);
+    return cudaSuccess;
   };
   using Small = std::integral_constant<int, kItemsUpTo128>;
   using Large = std::integral_constant<int, kMaxItemsPerThread>;
-  if (vec_load) {
+  if (row_delta != nullptr) {
+    if (const cudaError_t e = launch_with_delta(); e != cudaSuccess) return e;
+  } else if (vec_load) {
     dim <= 128 ? launch(std::true_type{}, Small{}) : launch(std::true_type{}, Large{});
   } else {
     dim <= 128 ? launch(std::false_type{}, Small{}) : launch(std::false_type{}, Large{});

@@ -113,17 +113,30 @@ __device__ __forceinline__ uint32_t encode_scaled_e4m3x4(uint32_t w0, uint32_t w
 // interior codes of K and V next to their per-token codes: no pair reads a document's last
 // tiling::kFrontierTiles frontier tiles with them, and every tile read with them lies inside its
 // document.
+//
+// row_delta (not null; x is the backward's incoming gradient dO; dim 64 or 128, 16-byte loads, both
+// codes pointers set, second null): the launch also forms the backward's row term D_i of every row (token t, head h) of every document,
+// delta[h * total_tokens + t] = 2^e_th * sum_f c_thf * o_thf, from the codes and scale it writes
+// and the forward's BF16 output o (same shape as x, rows 16-byte aligned), in the fixed order of
+// cuda/gradient_row_dot.cuh: bitwise what the backward prep pass forms. The backward's
+// deterministic passes take D_i from here, where dO's codes are in registers, instead of reading
+// them back in a pass of their own.
 struct BlockCodes {
   uint8_t* codes = nullptr;
   uint8_t* transposed_codes = nullptr;
   uint8_t* scales = nullptr;
   int skip_tile = 0, skip_tiles = 0;
 };
+struct RowDelta {
+  const __nv_bfloat16* o = nullptr;
+  int64_t o_stride_token = 0, o_stride_head = 0;  // elements
+  float* delta = nullptr;                         // [heads, total_tokens]
+};
 cudaError_t launch_quantize_mxfp8(const __nv_bfloat16* x, int64_t token_stride, int64_t head_stride, int total_tokens,
                                   int heads, int dim, const int32_t* cu_seqlens, int num_docs,
                                   flamia::ScaleGeometry geometry, flamia::ScaleRule rule, uint8_t* codes,
                                   uint8_t* transposed_codes, uint8_t* scales, cudaStream_t stream,
-                                  const BlockCodes* second = nullptr);
+                                  const BlockCodes* second = nullptr, const RowDelta* row_delta = nullptr);
 
 // The mask-aware V fold reference: prefix_max[t, h] = the largest V scale exponent of head h over
 // positions [document start, t] of t's document, as a UE8M0 byte [total_tokens, heads]. NaN

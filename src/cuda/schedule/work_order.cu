@@ -73,13 +73,18 @@ __device__ void record_violation(const BuildArgs& a, unsigned bad) {
 __device__ void poison_outputs(const BuildArgs& a) {
   const OffsetsCheck& c = a.check;
   const int t = int(threadIdx.x);
-  if (c.rows != nullptr) {
+  // Unrolled: each output's fields stay kernel parameters (a loop over references into the array
+  // copied the parameters into a stack frame at every launch, valid offsets or not).
+#pragma unroll
+  for (int i = 0; i < kOffsetsCheckRows; ++i) {
+    const NanRows& out = c.rows[i];
+    if (out.data == nullptr) continue;
     // T * H * D < 2^31 (the C API's limit), so every count fits an int.
-    const int chunks = c.rows_dim / 8, items = a.total_tokens * c.rows_heads * chunks;
-    const uint4 nan = make_uint4(0x7FC07FC0u, 0x7FC07FC0u, 0x7FC07FC0u, 0x7FC07FC0u);  // 8 BF16 NaNs
+    const int chunks = out.dim / 8, items = a.total_tokens * out.heads * chunks;
+    const uint4 nan = make_uint4(out.nan_pair, out.nan_pair, out.nan_pair, out.nan_pair);  // 8 NaNs
     for (int e = t; e < items; e += kThreads) {
-      const int row = e / chunks, token = row / c.rows_heads, head = row % c.rows_heads;
-      auto* const at = static_cast<uint16_t*>(c.rows) + token * c.rows_stride_token + head * c.rows_stride_head;
+      const int row = e / chunks, token = row / out.heads, head = row % out.heads;
+      auto* const at = static_cast<uint16_t*>(out.data) + token * out.stride_token + head * out.stride_head;
       *reinterpret_cast<uint4*>(at + (e % chunks) * 8) = nan;
     }
   }
@@ -136,10 +141,12 @@ cudaError_t launch_build_work_order(const int32_t* cu_seqlens, int num_docs, int
                                     order::OrderedTile* table, int* cost_counters, cudaStream_t stream,
                                     const OffsetsCheck& check) {
   if (num_docs < 1 || total_tokens < 0 || cu_seqlens == nullptr || table == nullptr || cost_counters == nullptr ||
-      reinterpret_cast<uintptr_t>(check.status) % alignof(OffsetsRecord) != 0 ||
-      (check.rows != nullptr && (check.rows_dim % 8 != 0 || reinterpret_cast<uintptr_t>(check.rows) % 16 != 0 ||
-                                 check.rows_stride_token % 8 != 0 || check.rows_stride_head % 8 != 0)))
+      reinterpret_cast<uintptr_t>(check.status) % alignof(OffsetsRecord) != 0)
     return cudaErrorInvalidValue;
+  for (const NanRows& out : check.rows)
+    if (out.data != nullptr && (out.dim % 8 != 0 || reinterpret_cast<uintptr_t>(out.data) % 16 != 0 ||
+                                out.stride_token % 8 != 0 || out.stride_head % 8 != 0))
+      return cudaErrorInvalidValue;
   const BuildArgs args{cu_seqlens,
                        num_docs,
                        total_tokens,

@@ -12,6 +12,19 @@
 
 namespace flamia::cuda {
 
+// A call's output that the builder fills with NaN on a violation: rows [total_tokens, heads, dim] of
+// 16-bit values with element strides stride_token, stride_head (16-byte aligned rows, dim a multiple
+// of 8); nan_pair is two NaNs of the format (BF16, or FP16 where dq holds the FP16 partials'
+// accumulator, which the finish pass turns into BF16 NaN).
+inline constexpr uint32_t kBf16NanPair = 0x7FC07FC0u, kFp16NanPair = 0x7E007E00u;
+inline constexpr int kOffsetsCheckRows = 3;  // the most outputs of one call: dq, dk and dv
+struct NanRows {
+  void* data = nullptr;
+  int64_t stride_token = 0, stride_head = 0;
+  int heads = 0, dim = 0;
+  uint32_t nan_pair = kBf16NanPair;
+};
+
 // What the builder does besides ordering the tiles: it checks cu_seqlens first (core/offsets_check.h)
 // and, on a violation, orders no tile and does what this asks (every field may be null or 0).
 struct OffsetsCheck {
@@ -21,12 +34,9 @@ struct OffsetsCheck {
   // The caller's status word: on a violation the first bad entry's record, unless it holds one
   // already (the first record stays), written with one 16-byte store (16-byte aligned).
   OffsetsRecord* status = nullptr;
-  // Filled with NaN on a violation: BF16 rows [total_tokens, rows_heads, rows_dim] with element
-  // strides rows_stride_token, rows_stride_head (16-byte aligned rows, rows_dim a multiple of 8),
-  // and FP32 lse [lse_heads, total_tokens], contiguous (the forward's o and lse).
-  void* rows = nullptr;
-  int64_t rows_stride_token = 0, rows_stride_head = 0;
-  int rows_heads = 0, rows_dim = 0;
+  // Filled with NaN on a violation: the call's outputs (the forward's o, the backward's dq, dk and
+  // dv; a null data pointer is skipped) and FP32 lse [lse_heads, total_tokens], contiguous.
+  NanRows rows[kOffsetsCheckRows];
   float* lse = nullptr;
   int lse_heads = 0;
 };

@@ -1,11 +1,12 @@
 // Hopper MXFP8 attention backward: launcher interface (host-callable, no CUDA headers needed).
 //
-// Three passes, after Q, K, V and dO were quantized with the forward's groups and rule:
-//  1. prep:  D_i = 2^eg_i sum_f cg_if O_if per (token, query head), from dO's codes and the saved O;
-//  2. dK dV: a work item (document, 128-key block, KV head) owns its keys' dK and dV and walks the
+// Two passes, after Q, K, V and dO were quantized with the forward's groups and rule and dO's
+// quantizer formed D_i = 2^eg_i sum_f cg_if O_if per (token, query head) from dO's codes and the
+// saved O (cuda/gradient_row_dot.cuh):
+//  1. dK dV: a work item (document, 128-key block, KV head) owns its keys' dK and dV and walks the
 //            query heads of its group and the 64-query tiles that see its keys (one CTA per item,
 //            or persistent CTAs when the documents are short on average);
-//  3. dQ:    a work item (document, 128-query tile, query head) owns its rows' dQ and walks the
+//  2. dQ:    a work item (document, 128-query tile, query head) owns its rows' dQ and walks the
 //            128-key tiles its rows see (persistent: one CTA per SM takes items in turn).
 // Both main passes rebuild S and P from the forward's codes and LSE. Every output element has one
 // owner that sums in a fixed order, so the backward is deterministic (no atomics) and a row's dQ
@@ -36,7 +37,7 @@ struct BackwardParams : KernelProblem {
   const void* o;                      // BF16 [T, Hq, D], the saved forward output
   int64_t o_stride_token, o_stride_head;
   const float* lse;  // [Hq, T], natural log, the saved forward LSE
-  float* delta;      // [Hq, T]: D_i, written by the prep pass
+  float* delta;      // [Hq, T]: D_i, from dO's quantizer or (dq_partials) the prep pass
   void *dq, *dk, *dv;  // BF16 outputs [T, Hq, D], [T, Hkv, D], [T, Hkv, D] with the strides below
   int64_t dq_stride_token, dq_stride_head, dk_stride_token, dk_stride_head, dv_stride_token, dv_stride_head;
   int* work_counter;  // the persistent kernels' item counter (launch.cuh; zeroed by each launch)
@@ -52,8 +53,10 @@ struct BackwardParams : KernelProblem {
 };
 
 // Each returns the cudaError_t of its launch as an int (0 = success); head_dim must be 64 or 128.
-// They run in this order on one stream: prep, then dK dV and dQ (which only read what prep wrote).
-int launch_backward_prep(const BackwardParams& params, void* stream);
+// They run on one stream after dO's quantizer: dK dV, then dQ. The deterministic passes read D_i
+// (params.delta) from the quantizer (launch_quantize_mxfp8's row_delta); with dq_partials the prep
+// pass forms it, with the rows' dQ factors, before dK dV, and the finish pass replaces dQ's.
+int launch_backward_prep(const BackwardParams& params, void* stream);  // dq_partials only
 int launch_backward_dkdv(const BackwardParams& params, void* stream);
 // launch_backward_dkdv runs persistent CTAs when the mean document (T / num_docs) is shorter than
 // this many tokens, one CTA per item otherwise (backward_dkdv.cu, DkdvSchedule). Measured dK dV ms

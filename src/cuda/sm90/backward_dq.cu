@@ -299,7 +299,7 @@ __device__ __forceinline__ void store_row_constants(const BackwardParams& p, con
     info.q_scale[row] = __ldg(p.q_scales + s);
     info.g_scale[row] = __ldg(p.g_scales + s);
     info.lse[row] = __ldg(p.lse + int64_t(w.head) * p.total_tokens + token);
-    info.delta[row] = p.delta[int64_t(w.head) * p.total_tokens + token];  // written by the prep pass
+    info.delta[row] = p.delta[int64_t(w.head) * p.total_tokens + token];  // from dO's quantizer
   }
 }
 

@@ -1,13 +1,13 @@
-// Backward pass 1: D_i = sum_f dO^_if O_if with dO^ the reconstructed (quantized) incoming
-// gradient and O the saved BF16 forward output, as the emulation defines it:
-//   D_i = 2^eg_i * sum_f cg_if * O_if.
-// A row (token, query head) per D / 8 lanes, 8 features per lane: one 8-byte load of dO's codes
-// and one 16-byte load of O each (one warp per row with 1- and 2-byte loads took 174 us per
-// 16x4096 call, half of DRAM's bandwidth). The sum's order (8 products per lane, then a butterfly
-// over the row's lanes) is fixed, so D_i is deterministic.
-// With dq_partials the same pass also forms each row's dQ factors sigma_i and beta_i
-// (core/dq_partials.h, from |cg_i| summed in the same order) and zeroes the row's FP16 dQ
-// accumulator; launch_backward_dq_finish turns the accumulator into BF16 dQ after the dK dV pass.
+// The FP16 dQ partials' passes around the dK dV pass (core/dq_partials.h).
+// Prep: each row's D_i = sum_f dO^_if O_if with dO^ the reconstructed (quantized) incoming gradient
+// and O the saved BF16 forward output, as the emulation defines it, D_i = 2^eg_i * sum_f cg_if *
+// O_if, and from the same sums the row's dQ factors sigma_i and beta_i (|cg_i| summed in the same
+// order); it zeroes the row's FP16 dQ accumulator. A row (token, query head) per D / 8 lanes, 8
+// features per lane: one 8-byte load of dO's codes and one 16-byte load of O each (one warp per row
+// with 1- and 2-byte loads took 174 us per 16x4096 call, half of DRAM's bandwidth), summed in
+// cuda/gradient_row_dot.cuh's fixed order: bitwise the D_i that dO's quantizer forms for the
+// deterministic passes.
+// Finish: launch_backward_dq_finish turns the accumulator into BF16 dQ after the dK dV pass.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "core/dq_partials.h"
+#include "cuda/gradient_row_dot.cuh"
 #include "cuda/sm90/backward.h"
 #include "cuda/sm90/fp8_math.cuh"
 
@@ -23,7 +24,7 @@ namespace flamia::cuda::sm90 {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
-constexpr int kFeaturesPerLane = 8;  // an 8-byte load of codes, a 16-byte load of BF16 O
+constexpr int kFeaturesPerLane = gradient_row_dot::kFeaturesPerLane;
 template <int D>
 constexpr int kRowsPerWarp = 32 / (D / kFeaturesPerLane);
 
@@ -44,12 +45,6 @@ struct PrepLane {
     head = int(row % p.q_heads);
     f0 = lane % kLanesPerRow * kFeaturesPerLane;
   }
-  // The sum over the row's lanes (a butterfly: a fixed order).
-  __device__ static float row_sum(float x) {
-#pragma unroll
-    for (int m = kLanesPerRow / 2; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
-    return x;
-  }
 };
 
 template <int D>
@@ -58,62 +53,26 @@ __device__ __forceinline__ __nv_bfloat16* dq_row(const BackwardParams& p, const 
 }
 
 // Malformed offsets (the work order builder's checked copy, p.cu_seqlens, is then all zeros and
-// does not end at T; no later pass finds a document): NaN into the lane's 8 features of its row of
-// dq (FP16 NaN where dq holds the FP16 accumulator, which the finish pass turns into BF16 NaN) and,
-// for the first Hkv heads, of dk and dv. The prep grid covers every (token, query head), so every
-// element of the three outputs.
-template <int D, bool kDqPartials>
-__device__ __forceinline__ void poison_gradients(const BackwardParams& p, const PrepLane<D>& at) {
-  if (!at.valid) return;
-  constexpr uint32_t kBf16Nan = 0x7FC07FC0u, kFp16Nan = 0x7E007E00u;  // two NaNs of each
-  // One output after the other, with 8-byte stores: unrolled, or with a 16-byte store (its NaN in
-  // four registers), this path took the kernel two registers more than it does.
-#pragma unroll 1
-  for (int k = 0; k < (at.head < p.kv_heads ? 3 : 1); ++k) {
-    void* const out = k == 0 ? p.dq : k == 1 ? p.dk : p.dv;
-    const int64_t stride_token = k == 0 ? p.dq_stride_token : k == 1 ? p.dk_stride_token : p.dv_stride_token;
-    const int64_t stride_head = k == 0 ? p.dq_stride_head : k == 1 ? p.dk_stride_head : p.dv_stride_head;
-    const uint32_t nan = k == 0 && kDqPartials ? kFp16Nan : kBf16Nan;
-    auto* const at_f0 = reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(out) + at.token * stride_token +
-                                                 at.head * stride_head + at.f0);
-    at_f0[0] = at_f0[1] = make_uint2(nan, nan);
-  }
-}
-
-template <int D, bool kDqPartials>
+// does not end at T): the builder has filled dq with FP16 NaN, which this pass leaves.
+template <int D>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) backward_prep_kernel(const BackwardParams p) {
   const PrepLane<D> at(p);
-  const bool poisoned = __ldg(p.cu_seqlens + p.num_docs) != p.total_tokens;  // the same in every thread
+  if (__ldg(p.cu_seqlens + p.num_docs) != p.total_tokens) return;  // the same in every thread
   float sum = 0.f, squares = 0.f;
-  if (at.valid && !poisoned) {
+  if (at.valid) {
     const uint2 codes = __ldg(reinterpret_cast<const uint2*>(p.g_codes + at.row * D + at.f0));
     const auto* o_row = static_cast<const __nv_bfloat16*>(p.o) + at.token * p.o_stride_token + at.head * p.o_stride_head;
     const uint4 o = __ldg(reinterpret_cast<const uint4*>(o_row + at.f0));  // rows are 16-byte aligned (C API)
-    const uint32_t o_words[4] = {o.x, o.y, o.z, o.w}, code_words[2] = {codes.x, codes.y};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {  // features f0 + 2k, f0 + 2k + 1
-      const float2 g = decode_e4m3x2(uint16_t(code_words[k / 2] >> (16 * (k % 2))));
-      sum = fmaf(g.x, __uint_as_float(o_words[k] << 16), sum);
-      sum = fmaf(g.y, __uint_as_float(o_words[k] & 0xFFFF0000u), sum);
-      if (kDqPartials) {
-        squares = fmaf(g.x, g.x, squares);
-        squares = fmaf(g.y, g.y, squares);
-      }
-    }
-    if (kDqPartials) *reinterpret_cast<uint4*>(dq_row<D>(p, at) + at.f0) = make_uint4(0, 0, 0, 0);  // FP16 zeros
+    gradient_row_dot::add_lane_products<true>(codes, o, sum, squares);
+    *reinterpret_cast<uint4*>(dq_row<D>(p, at) + at.f0) = make_uint4(0, 0, 0, 0);  // FP16 zeros
   }
-  sum = PrepLane<D>::row_sum(sum);
-  if (kDqPartials) squares = PrepLane<D>::row_sum(squares);
-  if (poisoned) {
-    poison_gradients<D, kDqPartials>(p, at);
-    return;
-  }
+  sum = gradient_row_dot::row_sum(sum, PrepLane<D>::kLanesPerRow);
+  squares = gradient_row_dot::row_sum(squares, PrepLane<D>::kLanesPerRow);
   if (!at.valid || at.f0 != 0) return;
   const uint8_t g_scale = p.g_scales[at.row];
-  const float delta = sum * pow2_of_scale(g_scale);
+  const float delta = gradient_row_dot::row_delta(sum, g_scale);
   const int64_t out = int64_t(at.head) * p.total_tokens + at.token;
   p.delta[out] = delta;
-  if (!kDqPartials) return;
   const int64_t key_row = at.token * p.kv_heads + at.head / (p.q_heads / p.kv_heads);
   const uint8_t ek = p.k_scale_prefix_max[key_row], ev = p.v_scale_prefix_max[key_row];
   using formats::ue8m0_is_nan, formats::ue8m0_exponent;
@@ -166,8 +125,8 @@ int launch_over_rows(const BackwardParams& p, void* stream, Kernel64 kernel64, K
 }  // namespace
 
 int launch_backward_prep(const BackwardParams& p, void* stream) {
-  if (p.dq_partials) return launch_over_rows(p, stream, backward_prep_kernel<64, true>, backward_prep_kernel<128, true>);
-  return launch_over_rows(p, stream, backward_prep_kernel<64, false>, backward_prep_kernel<128, false>);
+  if (!p.dq_partials) return int(cudaErrorInvalidValue);  // the deterministic passes take D_i from dO's quantizer
+  return launch_over_rows(p, stream, backward_prep_kernel<64>, backward_prep_kernel<128>);
 }
 
 int launch_backward_dq_finish(const BackwardParams& p, void* stream) {

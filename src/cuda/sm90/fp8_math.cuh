@@ -30,16 +30,9 @@ __device__ __forceinline__ float pow2i(int e) {
 __device__ __forceinline__ int scale_exponent(uint8_t code) {
   return formats::ue8m0_is_nan(code) ? kNaNExponent : formats::ue8m0_exponent(code);
 }
-// 2^e and 2^-e of a UE8M0 scale code (e = code - 127; NaN for the NaN code), exactly
-// pow2i(+-scale_exponent(code)), from the code's bits without a branch: 2^e's biased float exponent
-// is the code itself (code 0: the subnormal 2^-127), 2^-e's is 254 - code (code 254: 2^-127).
-static_assert(formats::kUe8m0NaN == 0xFF && formats::kUe8m0Bias == 127, "a code is its 2^e's biased float exponent");
-__device__ __forceinline__ float pow2_of_scale(uint8_t code) {
-  return __uint_as_float(code == formats::kUe8m0NaN ? 0x7fc00000u : code == 0 ? 0x00400000u : uint32_t(code) << 23);
-}
-__device__ __forceinline__ float inv_pow2_of_scale(uint8_t code) {
-  return __uint_as_float(code == formats::kUe8m0NaN ? 0x7fc00000u : code == 254 ? 0x00400000u : uint32_t(254 - code) << 23);
-}
+// 2^e and 2^-e of a UE8M0 scale code (cuda/fp8_convert.cuh) are exactly pow2i(+-scale_exponent(code)).
+using cuda::inv_pow2_of_scale;
+using cuda::pow2_of_scale;
 // a + b for scale exponents, where the NaN marker absorbs everything.
 __device__ __forceinline__ int add_exponents(int a, int b) {
   return (a >= kNaNExponent / 2 || b >= kNaNExponent / 2) ? kNaNExponent : a + b;
