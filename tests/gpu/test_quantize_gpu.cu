@@ -665,7 +665,8 @@ TEST_F(Gpu, RowDeltaBesideTheCodesMatchesTheHostSum) {
         DeviceBuffer<uint8_t> codes_alone(size_t(T) * H * D), scales_alone(size_t(T) * H),
             transposed_alone(size_t(H) * D * pitch);
         DeviceBuffer<float> delta(size_t(H) * T);
-        for (auto* b : {&codes, &scales, &transposed, &codes_alone, &scales_alone, &transposed_alone}) b->fill_bytes(kSentinel);
+        for (auto* b : {&codes, &scales, &transposed, &codes_alone, &scales_alone, &transposed_alone})
+          b->fill_bytes(kSentinel);
         delta.fill_bytes(kSentinel);
         const cuda::RowDelta row_delta{o.get(), int64_t(H) * D, D, delta.get()};
         auto launch = [&](DeviceBuffer<uint8_t>& c, DeviceBuffer<uint8_t>& t, DeviceBuffer<uint8_t>& s,

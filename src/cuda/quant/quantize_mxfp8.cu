@@ -376,8 +376,8 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kItems, kSecond || k
             const uint32_t* const staged =
                 reinterpret_cast<const uint32_t*>(tile_codes[hh] + item_row[k] * kTilePitch + item_chunk[k] * kChunk);
             const uint2 codes_staged = make_uint2(staged[0], staged[1]);
-            gradient_row_dot::add_lane_products<false>(codes_staged, o_stage[(hh * kItems + k) * kThreads + threadIdx.x],
-                                                       sum, no_squares);
+            const uint4 o = o_stage[(hh * kItems + k) * kThreads + threadIdx.x];
+            gradient_row_dot::add_lane_products<false>(codes_staged, o, sum, no_squares);
           }
           sum = gradient_row_dot::row_sum(sum, chunks);
           const int r = item_row[k];

@@ -115,12 +115,12 @@ __device__ __forceinline__ uint32_t encode_scaled_e4m3x4(uint32_t w0, uint32_t w
 // document.
 //
 // row_delta (not null; x is the backward's incoming gradient dO; dim 64 or 128, 16-byte loads, both
-// codes pointers set, second null): the launch also forms the backward's row term D_i of every row (token t, head h) of every document,
-// delta[h * total_tokens + t] = 2^e_th * sum_f c_thf * o_thf, from the codes and scale it writes
-// and the forward's BF16 output o (same shape as x, rows 16-byte aligned), in the fixed order of
-// cuda/gradient_row_dot.cuh: bitwise what the backward prep pass forms. The backward's
-// deterministic passes take D_i from here, where dO's codes are in registers, instead of reading
-// them back in a pass of their own.
+// codes pointers set, second null): the launch also forms the backward's row term D_i of every row
+// (token t, head h) of every document, delta[h * total_tokens + t] = 2^e_th * sum_f c_thf * o_thf,
+// from the codes and scale it writes and the forward's BF16 output o (same shape as x, rows 16-byte
+// aligned), in the fixed order of cuda/gradient_row_dot.cuh: bitwise what the backward prep pass
+// forms. The backward's deterministic passes take D_i from here, where dO's codes are at hand,
+// instead of reading them back in a pass of their own.
 struct BlockCodes {
   uint8_t* codes = nullptr;
   uint8_t* transposed_codes = nullptr;

@@ -56,7 +56,7 @@ struct BackwardParams : KernelProblem {
 // They run on one stream after dO's quantizer: dK dV, then dQ. The deterministic passes read D_i
 // (params.delta) from the quantizer (launch_quantize_mxfp8's row_delta); with dq_partials the prep
 // pass forms it, with the rows' dQ factors, before dK dV, and the finish pass replaces dQ's.
-int launch_backward_prep(const BackwardParams& params, void* stream);  // dq_partials only
+int launch_backward_prep(const BackwardParams& params, void* stream);  // dq_partials only (D = 128)
 int launch_backward_dkdv(const BackwardParams& params, void* stream);
 // launch_backward_dkdv runs persistent CTAs when the mean document (T / num_docs) is shorter than
 // this many tokens, one CTA per item otherwise (backward_dkdv.cu, DkdvSchedule). Measured dK dV ms
@@ -68,7 +68,8 @@ inline bool dkdv_runs_persistent(int64_t total_tokens, int64_t num_docs) {
   return total_tokens < int64_t(kDkdvPersistentBelowMeanDocument) * num_docs;
 }
 int launch_backward_dq(const BackwardParams& params, void* stream);
-// After the dK dV pass of a call with dq_partials: dQ = scale 2^-beta_i acc_i, FP16 to BF16 in place.
+// After the dK dV pass of a call with dq_partials (D = 128): dQ = scale 2^-beta_i acc_i, FP16 to BF16
+// in place.
 int launch_backward_dq_finish(const BackwardParams& params, void* stream);
 
 // Whether a call's backward takes dQ from FP16 partials (the C API runs the deterministic passes
@@ -79,9 +80,10 @@ int launch_backward_dq_finish(const BackwardParams& params, void* stream);
 // add U~'s transposed copy, a barrier of the two consumers, the dQ product and its reduction, which
 // short items pay for most: below a mean document of 8,192 tokens they are slower (docs/KERNELS.md).
 inline constexpr int kDqPartialsFromMeanDocument = 8192;
+inline constexpr int kDqPartialsHeadDim = 128;  // the one head dim with a kDqPartials instance
 inline bool dq_partials_supported(int head_dim, bool causal, bool interior_codes, int64_t total_tokens,
                                   int64_t num_docs) {
-  return head_dim == 128 && causal && !interior_codes &&
+  return head_dim == kDqPartialsHeadDim && causal && !interior_codes &&
          total_tokens >= int64_t(kDqPartialsFromMeanDocument) * num_docs;
 }
 

@@ -234,7 +234,7 @@ __device__ __forceinline__ QueryInputs load_query_inputs(const BackwardParams& p
     in.q_scale[j] = __ldg(p.q_scales + s);
     in.g_scale[j] = __ldg(p.g_scales + s);
     in.lse[j] = __ldg(p.lse + int64_t(h) * p.total_tokens + token);
-    in.delta[j] = __ldg(p.delta + int64_t(h) * p.total_tokens + token);  // D_i (dO's quantizer or the prep pass), read-only here
+    in.delta[j] = __ldg(p.delta + int64_t(h) * p.total_tokens + token);  // D_i, read-only here
     if (kDqPartials) {
       in.dq_sigma[j] = __ldg(p.dq_sigma + int64_t(h) * p.total_tokens + token);
       in.dq_beta[j] = __ldg(p.dq_beta + int64_t(h) * p.total_tokens + token);

@@ -107,30 +107,27 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) backward_dq_finish_kernel
   *reinterpret_cast<uint4*>(row) = make_uint4(words[0], words[1], words[2], words[3]);
 }
 
-// One thread block per kWarpsPerBlock warps of rows, for the head dims built.
-template <class Kernel64, class Kernel128>
-int launch_over_rows(const BackwardParams& p, void* stream, Kernel64 kernel64, Kernel128 kernel128) {
+// One thread block per kWarpsPerBlock warps of rows. Both passes run only with the FP16 partials
+// (the deterministic passes take D_i from dO's quantizer), which take one head dim
+// (dq_partials_supported), so each has one instance.
+template <class Kernel>
+int launch_over_rows(const BackwardParams& p, void* stream, Kernel kernel) {
+  if (!p.dq_partials || p.head_dim != kDqPartialsHeadDim) return int(cudaErrorInvalidValue);
   const int64_t rows = int64_t(p.total_tokens) * p.q_heads;
-  auto s = static_cast<cudaStream_t>(stream);
-  auto blocks = [&](int d) {
-    const int64_t per_block = int64_t(kWarpsPerBlock) * (32 / (d / kFeaturesPerLane));
-    return unsigned((rows + per_block - 1) / per_block);
-  };
-  if (p.head_dim == 128) kernel128<<<blocks(128), kWarpsPerBlock * 32, 0, s>>>(p);
-  else if (p.head_dim == 64) kernel64<<<blocks(64), kWarpsPerBlock * 32, 0, s>>>(p);
-  else return int(cudaErrorInvalidValue);
+  const int64_t per_block = int64_t(kWarpsPerBlock) * kRowsPerWarp<kDqPartialsHeadDim>;
+  const auto s = static_cast<cudaStream_t>(stream);
+  kernel<<<unsigned((rows + per_block - 1) / per_block), kWarpsPerBlock * 32, 0, s>>>(p);
   return int(cudaGetLastError());
 }
 
 }  // namespace
 
 int launch_backward_prep(const BackwardParams& p, void* stream) {
-  if (!p.dq_partials) return int(cudaErrorInvalidValue);  // the deterministic passes take D_i from dO's quantizer
-  return launch_over_rows(p, stream, backward_prep_kernel<64>, backward_prep_kernel<128>);
+  return launch_over_rows(p, stream, backward_prep_kernel<kDqPartialsHeadDim>);
 }
 
 int launch_backward_dq_finish(const BackwardParams& p, void* stream) {
-  return launch_over_rows(p, stream, backward_dq_finish_kernel<64>, backward_dq_finish_kernel<128>);
+  return launch_over_rows(p, stream, backward_dq_finish_kernel<kDqPartialsHeadDim>);
 }
 
 }  // namespace flamia::cuda::sm90
