@@ -3,7 +3,9 @@
 on benchmark workloads, saved by one build and compared bitwise by another (a differing output is
 reported with its cosine and largest difference to the saved one), on the deterministic backward.
 A kernel change that only reorders work (scheduling, barriers, loads) must pass this before it is
-timed.
+timed. With --fp16-partials the default backward's calls are compared too (document isolation, the
+rows where the FP16 dQ partials apply): o, lse, dk and dv bitwise, dq, whose bits depend on the
+order of the partials' adds, by its cosine to the saved dq (at least --dq-cosine).
 
 The library is the one at $FLAMIA_CAPI_LIB (python/flamia/_capi.py), so each build runs in its own
 process:
@@ -12,7 +14,7 @@ process:
   FLAMIA_CAPI_LIB=variant.so python3 bench/compare_libraries.py compare /tmp/ref.pt   # exit 1 if any differs
 
 Options: --workloads (comma-separated, default tiny-unaligned,16x4096,4x16384-gqa16/4,1x65536),
---isolation (document, prefix or both; default both), --seed. Run from the repository root on a GPU
+--isolation (document, prefix or both; default both), --fp16-partials, --seed. Run from the repository root on a GPU
 machine with PYTHONPATH=python (or flamia installed).
 """
 import argparse
@@ -31,6 +33,10 @@ def parse_args(argv):
     p.add_argument("path", help="the saved outputs (torch.save file)")
     p.add_argument("--workloads", default="tiny-unaligned,16x4096,4x16384-gqa16/4,1x65536")
     p.add_argument("--isolation", choices=("document", "prefix", "both"), default="both")
+    p.add_argument("--fp16-partials", action="store_true",
+                   help="also compare the default backward's calls (FP16 dQ partials where they apply)")
+    p.add_argument("--dq-cosine", type=float, default=0.99999,
+                   help="the least cosine of an FP16-partials dq to the saved one (default 0.99999)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     args.names = args.workloads.split(",")
@@ -57,11 +63,13 @@ def difference(a, b):
     return text + (f", {mismatched} non-finite mismatches" if mismatched else "")
 
 
-def training_call(torch, flamia, name, isolation, seed):
+def training_call(torch, flamia, name, isolation, seed, deterministic=True):
     lens = W.WORKLOADS[name]["lens"]
     q, k, v, dout, cu = W.training_inputs(torch, name, seed=seed)
-    # The deterministic backward: the FP16 dQ partials' reduction order, and so dQ's bits, vary.
-    o, lse = flamia.attention(q, k, v, cu, max(lens), isolation=isolation, return_lse=True, deterministic=True)
+    # By default the deterministic backward: the FP16 dQ partials' reduction order, and so dQ's bits,
+    # vary.
+    o, lse = flamia.attention(q, k, v, cu, max(lens), isolation=isolation, return_lse=True,
+                              deterministic=deterministic)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), dout)
     return [t.detach().cpu() for t in (o, lse, dq, dk, dv)]
 
@@ -78,6 +86,11 @@ def main(argv=None):
         for name in args.names:
             print(f"compare_libraries: {name}, {isolation} ...", file=sys.stderr, flush=True)
             results[f"{isolation}/{name}"] = training_call(torch, flamia, name, isolation, args.seed)
+    if args.fp16_partials:
+        for name in args.names:
+            print(f"compare_libraries: {name}, document, FP16 partials ...", file=sys.stderr, flush=True)
+            results[f"document/{name}/fp16_partials"] = training_call(torch, flamia, name, "document", args.seed,
+                                                                      deterministic=False)
     if args.mode == "save":
         torch.save(results, args.path)
         print(f"saved {len(results)} training calls of {library} to {args.path}")
@@ -89,11 +102,22 @@ def main(argv=None):
             print(f"{key}: not in {args.path}")
             differing += 1
             continue
-        unequal = [(n, a, b) for n, a, b in zip(OUTPUTS, tensors, saved[key]) if not torch.equal(a, b)]
-        print(f"{key}: " + ("bitwise equal" if not unequal else "DIFFERS in " + "; ".join(
-            f"{n} ({difference(a.float().numpy(), b.float().numpy())})" for n, a, b in unequal)))
+        partials = key.endswith("/fp16_partials")
+        unequal = [(n, a, b) for n, a, b in zip(OUTPUTS, tensors, saved[key])
+                   if not torch.equal(a, b) and not (partials and n == "dq")]
+        line = "bitwise equal" if not unequal else "DIFFERS in " + "; ".join(
+            f"{n} ({difference(a.float().numpy(), b.float().numpy())})" for n, a, b in unequal)
+        if partials:  # dq by its cosine (the partials' order of adds varies)
+            a, b = tensors[OUTPUTS.index("dq")].double(), saved[key][OUTPUTS.index("dq")].double()
+            cosine = float((a * b).sum() / (a.norm() * b.norm()))
+            line = ("o, lse, dk, dv " + line) + f"; dq cosine {cosine:.7f}"
+            if not cosine >= args.dq_cosine:
+                line += f" (below {args.dq_cosine})"
+                unequal.append(("dq", None, None))
+        print(f"{key}: {line}")
         differing += bool(unequal)
-    print(f"{library}: {len(results) - differing} of {len(results)} training calls bitwise equal")
+    print(f"{library}: {len(results) - differing} of {len(results)} training calls equal "
+          "(bitwise; FP16-partials dq by cosine)")
     return 1 if differing else 0
 
 

@@ -44,3 +44,9 @@ def test_non_finite_elements_are_counted_where_they_disagree():
     b = np.array([1.0, np.nan, 3.0, np.nan])
     assert compare_libraries.difference(a, b) == "cosine 1.0000000, max |diff| 0, 2 non-finite mismatches"
     assert compare_libraries.difference(a, a[:2]) == "shapes (4,) and (2,)"
+
+
+def test_fp16_partials_comparison_is_opt_in_with_a_cosine_bar():
+    assert not compare_libraries.parse_args(["save", "ref.pt"]).fp16_partials
+    args = compare_libraries.parse_args(["compare", "ref.pt", "--fp16-partials", "--dq-cosine", "0.9999"])
+    assert args.fp16_partials and args.dq_cosine == 0.9999
