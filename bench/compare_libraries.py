@@ -3,9 +3,10 @@
 on benchmark workloads, saved by one build and compared bitwise by another (a differing output is
 reported with its cosine and largest difference to the saved one), on the deterministic backward.
 A kernel change that only reorders work (scheduling, barriers, loads) must pass this before it is
-timed. With --fp16-partials the default backward's calls are compared too (document isolation, the
-rows where the FP16 dQ partials apply): o, lse, dk and dv bitwise, dq, whose bits depend on the
-order of the partials' adds, by its cosine to the saved dq (at least --dq-cosine).
+timed. With --fp16-partials each workload's default backward is compared too (document isolation;
+FP16 dQ partials where they apply, the deterministic passes again elsewhere): o, lse, dk and dv
+bitwise, dq, whose bits depend on the order of the partials' adds, by its cosine to the saved dq
+(at least --dq-cosine).
 
 The library is the one at $FLAMIA_CAPI_LIB (python/flamia/_capi.py), so each build runs in its own
 process:
@@ -14,8 +15,8 @@ process:
   FLAMIA_CAPI_LIB=variant.so python3 bench/compare_libraries.py compare /tmp/ref.pt   # exit 1 if any differs
 
 Options: --workloads (comma-separated, default tiny-unaligned,16x4096,4x16384-gqa16/4,1x65536),
---isolation (document, prefix or both; default both), --fp16-partials, --seed. Run from the repository root on a GPU
-machine with PYTHONPATH=python (or flamia installed).
+--isolation (document, prefix or both; default both), --fp16-partials, --dq-cosine, --seed. Run
+from the repository root on a GPU machine with PYTHONPATH=python (or flamia installed).
 """
 import argparse
 import os
