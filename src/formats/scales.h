@@ -75,6 +75,35 @@ FLAMIA_HD uint8_t scale_for_float_amax(float amax, ScaleRule rule) {
   return encode_ue8m0(e);
 }
 
+// The ceil rule's scale of a float amax as the two powers a kernel applies, 2^s (after a product)
+// and 2^-s (before rounding to E4M3), for s the exponent of scale_for_float_amax(|amax|, kCeil);
+// both NaN for its NaN code. Integer arithmetic without branches (the backward's row scales take it
+// per row and step): adding 0x1FFFFF to the bits carries into the exponent field exactly when the
+// mantissa passes the ceil threshold 0x600000, so (bits + 0x1FFFFF) >> 23 is the biased exponent
+// plus the ceil bump, and the code is that minus 8 (448 < 2^9), clamped at 0 (zero and subnormal
+// amax). The largest finite amax gives code 247, so 2^-s is always normal; 2^s of code 0 is the
+// subnormal 2^-127.
+struct ScalePowers {
+  float pow, inv;
+};
+FLAMIA_HD ScalePowers ceil_scale_powers(float amax) {
+  constexpr uint32_t kCarry = (1u << 23) - 0x600000u - 1u;  // 0x1FFFFF
+  static_assert(kE4M3MaxExponent == 8, "448 = 1.75 * 2^8: the code is the biased exponent - 8");
+  uint32_t bits;
+  std::memcpy(&bits, &amax, sizeof bits);
+  bits &= 0x7fffffffu;
+  const int biased_ceil = int((bits + kCarry) >> 23);
+  const int code = biased_ceil > kE4M3MaxExponent ? biased_ceil - kE4M3MaxExponent : 0;
+  const bool nan = bits >= 0x7f800000u;  // Inf or NaN
+  const uint32_t pow_bits = uint32_t(code) << 23 > 0x400000u ? uint32_t(code) << 23 : 0x400000u;
+  const uint32_t inv_bits = uint32_t(2 * kUe8m0Bias - code) << 23;
+  const uint32_t out[2] = {nan ? 0x7fc00000u : pow_bits, nan ? 0x7fc00000u : inv_bits};
+  ScalePowers powers;
+  std::memcpy(&powers.pow, &out[0], sizeof(float));
+  std::memcpy(&powers.inv, &out[1], sizeof(float));
+  return powers;
+}
+
 // Quantizes one value against its group's scale code: the E4M3 code of x / 2^e.
 // A group with the NaN scale stores zero codes: the NaN travels in the scale alone, so it reaches
 // exactly the products that apply this group's scale. A NaN *code* would leak through tensor-core

@@ -326,6 +326,33 @@ TEST(ScaleForAmax, FloatBitsFormEqualsTheDoubleRuleOnEveryExponent) {
   EXPECT_EQ(scale_for_float_amax(-0.0f, ScaleRule::kCeil), 0x00);
 }
 
+// The kernels' branch-free ceil powers: 2^s and 2^-s of scale_for_float_amax's ceil code, bit for
+// bit (2^-127 subnormal, NaN for the NaN code), on every exponent of either sign.
+TEST(ScaleForAmax, CeilPowersEqualThePowersOfTheCeilCode) {
+  auto same_bits = [](float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); };
+  auto power = [](uint8_t code, int sign) {
+    return ue8m0_is_nan(code) ? std::numeric_limits<float>::quiet_NaN()
+                              : float(std::ldexp(1.0, sign * ue8m0_exponent(code)));
+  };
+  std::mt19937 rng(6);
+  for (uint32_t sign : {0u, 0x80000000u})
+    for (uint32_t biased = 0; biased <= 0xff; ++biased) {
+      std::vector<uint32_t> mantissas = {0, 1, 2, 0x400000, 0x5fffff, 0x600000, 0x600001, 0x7ffffe, 0x7fffff};
+      for (int i = 0; i < 2000; ++i) mantissas.push_back(rng() & 0x7fffff);
+      for (uint32_t mantissa : mantissas) {
+        const float amax = std::bit_cast<float>(sign | biased << 23 | mantissa);
+        const uint8_t code = scale_for_float_amax(std::fabs(amax), ScaleRule::kCeil);
+        const ScalePowers powers = ceil_scale_powers(amax);
+        ASSERT_TRUE(same_bits(powers.pow, power(code, +1)) || (std::isnan(powers.pow) && ue8m0_is_nan(code)))
+            << std::hexfloat << amax << ": 2^s " << powers.pow;
+        ASSERT_TRUE(same_bits(powers.inv, power(code, -1)) || (std::isnan(powers.inv) && ue8m0_is_nan(code)))
+            << std::hexfloat << amax << ": 2^-s " << powers.inv;
+      }
+    }
+  EXPECT_TRUE(same_bits(ceil_scale_powers(0.f).pow, 0x1p-127f));
+  EXPECT_TRUE(same_bits(ceil_scale_powers(std::numeric_limits<float>::max()).inv, 0x1p-120f));
+}
+
 // BF16 values as the top half of a float32.
 double bf16_value(uint16_t bits) { return std::bit_cast<float>(uint32_t(bits) << 16); }
 

@@ -70,14 +70,23 @@ struct DkdvSchedule {
   static constexpr int kConsumerRegisters = kPersistent ? 232 : 240;
 };
 
-// Per-query constants of a tile: {2^eq_i, 2^eg_i, 2^(boost + eg_i - gamma), -LSE_i log2(e)}, D_i,
-// and with FP16 dQ partials 2^(-eq_i - sigma_i) (U~'s fold from the dK operand; a lane's two
-// queries 2t, 2t + 1 side by side for one 8-byte load) and 2^(sigma_i + beta_i) (the partial's factor).
+// Per-query constants of a tile. c[i] = {2^eq_i, 2^(eg_i + eq_i), 2^(boost + eg_i - gamma),
+// 2^(sigma_i + beta_i)} (the last: the FP16 dQ partial's factor, FP16 partials only). pair[m] holds
+// the lane pair of queries 2m, 2m + 1 (an accumulator lane's two columns, one 16-byte load):
+// {-LSE log2(e) of both, D 2^eq of both}. D_i and E carry 2^eq_i, so that U 2^eq = p (E 2^(ev + eg + eq)
+// - D 2^eq) is one fused multiply-add and one multiply per element (the products of powers of two
+// are exact, except where they leave the float range: scales near 2^+-126). With FP16 dQ partials
+// dq_fold[i] = 2^(-eq_i - sigma_i), U~'s fold from the dK operand (queries 2t, 2t + 1 side by side).
 struct QueryTileConsts {
   float4 c[kQueryTile];
-  float delta[kQueryTile];
-  float dq_fold[kQueryTile], dq_out[kQueryTile];
+  float4 pair[kQueryTile / 2];
+  float dq_fold[kQueryTile];
 };
+// Query i's -LSE_i log2(e) and D_i 2^eq_i in the pair layout.
+__device__ __forceinline__ float& pair_lse2(QueryTileConsts& c, int i) { return (&c.pair[i >> 1].x)[i & 1]; }
+__device__ __forceinline__ float& pair_delta(QueryTileConsts& c, int i) { return (&c.pair[i >> 1].x)[2 + (i & 1)]; }
+__device__ __forceinline__ float pair_lse2(const QueryTileConsts& c, int i) { return (&c.pair[i >> 1].x)[i & 1]; }
+__device__ __forceinline__ float pair_delta(const QueryTileConsts& c, int i) { return (&c.pair[i >> 1].x)[2 + (i & 1)]; }
 
 // One query tile's operands (1024-byte aligned for the 128-byte swizzle of the rows-form tiles).
 template <int D>
@@ -251,16 +260,19 @@ __device__ __forceinline__ void store_query_consts(const QueryInputs& in, int ga
                                                    QueryTileConsts& c) {
 #pragma unroll
   for (int j = Share::kFirst; j < Share::kFirst + Share::kCount; ++j) {
-    const int eg = scale_exponent(in.g_scale[j]);
+    const int i = j * 32 + lane, eg = scale_exponent(in.g_scale[j]), eq = scale_exponent(in.q_scale[j]);
+    const float q_pow = pow2_of_scale(in.q_scale[j]);
     const float p_fold = pow2i(gamma == kNaNExponent ? kNaNExponent : add_exponents(eg, p_boost_log2 - gamma));
-    c.c[j * 32 + lane] = make_float4(pow2_of_scale(in.q_scale[j]), pow2i(eg), p_fold, -(in.lse[j] * kLog2e));
-    c.delta[j * 32 + lane] = in.delta[j];
+    float dq_out = 0.f;
     if (kDqPartials) {
       const bool nan = formats::ue8m0_is_nan(in.q_scale[j]) || formats::ue8m0_is_nan(in.dq_sigma[j]);
       const int sigma = scale_exponent(in.dq_sigma[j]);
-      c.dq_fold[j * 32 + lane] = nan ? pow2i(kNaNExponent) : clamped_pow2(-scale_exponent(in.q_scale[j]) - sigma);
-      c.dq_out[j * 32 + lane] = pow2i(add_exponents(sigma, in.dq_beta[j]));
+      c.dq_fold[i] = nan ? pow2i(kNaNExponent) : clamped_pow2(-eq - sigma);
+      dq_out = pow2i(add_exponents(sigma, in.dq_beta[j]));
     }
+    c.c[i] = make_float4(q_pow, pow2i(add_exponents(eg, eq)), p_fold, dq_out);
+    pair_lse2(c, i) = -(in.lse[j] * kLog2e);
+    pair_delta(c, i) = in.delta[j] * q_pow;
   }
 }
 
@@ -299,10 +311,10 @@ __device__ __forceinline__ void masked_pu(const float (&s)[kQueryTile / 2], floa
         // Computed on every pair, an invisible pair's values then dropped by the selects (a branch
         // per element had cost dK dV 9% on tiny-unaligned).
         const bool pair_visible = pairs(i, r);
-        const float4 c = qc.c[i];  // q_pow, g_pow, p_fold, -lse2
-        const float pij = exp2f(s[x] * keys.k_factor[r] * c.x + c.w);
-        const float eij = e[x] * keys.v_pow[r] * c.y;
-        const float w = pair_visible ? pij * (eij - qc.delta[i]) * c.x : 0.f;
+        const float4 c = qc.c[i];  // 2^eq, 2^(eg + eq), dV fold
+        const float pij = exp2f(s[x] * keys.k_factor[r] * c.x + pair_lse2(qc, i));
+        const float eij = e[x] * keys.v_pow[r] * c.y;  // E 2^eq
+        const float w = pair_visible ? pij * (eij - pair_delta(qc, i)) : 0.f;
         pf[b][el] = pair_visible ? pij * c.z : 0.f;
         e[x] = w;
         amax[r] = nan_max(amax[r], fabsf(w));
@@ -329,13 +341,12 @@ __device__ __forceinline__ void interior_pu(const float (&s)[kQueryTile / 2], fl
     for (int b = 0; b < 4; ++b) {
       const int nb = kk * 4 + b;
       const float4 c2[2] = {qc.c[nb * 8 + 2 * t], qc.c[nb * 8 + 2 * t + 1]};
-      const float2 dl = *reinterpret_cast<const float2*>(qc.delta + nb * 8 + 2 * t);
 #pragma unroll
       for (int el = 0; el < 4; ++el) {
-        const int r = el >> 1, x = nb * 4 + el;
+        const int r = el >> 1, x = nb * 4 + el, i = nb * 8 + 2 * t + (el & 1);
         const float4 c = c2[el & 1];
-        const float pij = exp2_ftz(fmaf(s[x] * c.x, keys.k_factor[r], c.w));
-        const float w = pij * (e[x] * keys.v_pow[r] * c.y - ((el & 1) ? dl.y : dl.x)) * c.x;
+        const float pij = exp2_ftz(fmaf(s[x] * c.x, keys.k_factor[r], pair_lse2(qc, i)));
+        const float w = pij * fmaf(e[x] * keys.v_pow[r], c.y, -pair_delta(qc, i));
         pf[b][el] = pij * c.z;
         e[x] = w;
         part_max[r][b & 1] = fmaxf(part_max[r][b & 1], fabsf(w));
@@ -348,9 +359,9 @@ __device__ __forceinline__ void interior_pu(const float (&s)[kQueryTile / 2], fl
 
 // The interior step when every 32-query group shares its Q and dO scales (block32 geometry): the
 // same numbers as interior_pu with two multiplies per element fewer: the exponent as
-// fmaf(S, 2^eq_g k_factor_j, -lse2) and E 2^ev 2^eg - D as fmaf(E, 2^(ev_j + eg_g), -D), the
-// products of powers of two exact, so each keeps interior_pu's one rounding (except where those
-// products leave the float range: scales near 2^+-126).
+// fmaf(S, 2^eq_g k_factor_j, -lse2) and (E 2^ev 2^eg - D) 2^eq as fmaf(E, 2^(ev_j + eg_g + eq_g),
+// -D 2^eq), the products of powers of two exact, so each keeps interior_pu's one rounding (except
+// where those products leave the float range: scales near 2^+-126).
 __device__ __forceinline__ void interior_pu_grouped(const float (&s)[kQueryTile / 2], float (&e)[kQueryTile / 2],
                                                     const QueryTileConsts& qc, const KeyRowFactors& keys, int t,
                                                     float (&amax)[2], uint32_t (&pa)[kQueryTile / 32][4]) {
@@ -358,20 +369,19 @@ __device__ __forceinline__ void interior_pu_grouped(const float (&s)[kQueryTile 
   float part_max[2][2] = {{amax[0], amax[0]}, {amax[1], amax[1]}};
 #pragma unroll
   for (int kk = 0; kk < kQueryTile / 32; ++kk) {  // step kk holds query group kk
-    const float4 cg = qc.c[kk * 32];              // the group's 2^eq, 2^eg, dV fold (its first query's)
+    const float4 cg = qc.c[kk * 32];  // the group's 2^eq, 2^(eg + eq), dV fold (its first query's)
     const float exponent_factor[2] = {cg.x * keys.k_factor[0], cg.x * keys.k_factor[1]};
     const float e_factor[2] = {keys.v_pow[0] * cg.y, keys.v_pow[1] * cg.y};
     float pf[4][4];
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
       const int nb = kk * 4 + b;
-      const float2 lse2 = make_float2(qc.c[nb * 8 + 2 * t].w, qc.c[nb * 8 + 2 * t + 1].w);  // -LSE log2(e)
-      const float2 dl = *reinterpret_cast<const float2*>(qc.delta + nb * 8 + 2 * t);
+      const float4 lse_delta = qc.pair[nb * 4 + t];  // -LSE log2(e) and D 2^eq of queries 2t, 2t + 1
 #pragma unroll
       for (int el = 0; el < 4; ++el) {
         const int r = el >> 1, x = nb * 4 + el;
-        const float pij = exp2_ftz(fmaf(s[x], exponent_factor[r], (el & 1) ? lse2.y : lse2.x));
-        const float w = pij * fmaf(e[x], e_factor[r], -((el & 1) ? dl.y : dl.x)) * cg.x;
+        const float pij = exp2_ftz(fmaf(s[x], exponent_factor[r], (el & 1) ? lse_delta.y : lse_delta.x));
+        const float w = pij * fmaf(e[x], e_factor[r], -((el & 1) ? lse_delta.w : lse_delta.z));
         pf[b][el] = pij * cg.z;
         e[x] = w;
         part_max[r][b & 1] = fmaxf(part_max[r][b & 1], fabsf(w));
@@ -719,7 +729,6 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
       if (interior) dq_partials_u_codes<false>(e, st.consts, k_pow, t, VisiblePairs{}, u_words);
       else dq_partials_u_codes<true>(e, st.consts, k_pow, t, pairs, u_words);
       dq_partials::store_u_transposed<kQueryTile>(smem_address(sm.tail.partials.u[use & 1]), u_words, warp, lane);
-      dq_partials::fence_shared_for_async();
     }
 
     // dV += P~^T . dO codes;  dK += 2^tau (U~^T . Q codes) (B: the transposed, permuted forms).
@@ -738,8 +747,13 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
     wgmma_commit();
     register_product<D, kQueryTile, kTransposedLayout>(dv_acc, pa, st.gt);
     wgmma_commit();
-    // Both consumers' U~ halves in the tile (while the products run).
-    if (kDqPartials) dq_partials::named_barrier_sync(dq_partials::kUTileBarrier, 2 * 128);
+    // Both consumers' U~ halves in the tile (while the products run). The fence that makes this
+    // thread's U~ stores visible to the dQ product waits for them to drain (MEMBAR): after the
+    // products' issue, so that they do not wait with it.
+    if (kDqPartials) {
+      dq_partials::fence_shared_for_async();
+      dq_partials::named_barrier_sync(dq_partials::kUTileBarrier, 2 * 128);
+    }
     if constexpr (kDkParts == 1) wgmma_wait<0>();
     else wgmma_wait<1>();  // part 0 done, dV may still run
     fence_accumulators(part_tile);
@@ -759,7 +773,7 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
       float row_factor[2];  // 2^(sigma_i + beta_i) of this thread's rows, 0 past the document end
       for (int r = 0; r < 2; ++r) {
         const int row = 16 * (warp % 4) + g + 8 * r;
-        row_factor[r] = q0 + row < d.len ? st.consts.dq_out[row] : 0.f;
+        row_factor[r] = q0 + row < d.len ? st.consts.c[row].w : 0.f;
       }
       if (lane == 0) sm.ring.arrive_empty(use);  // this warp is done with the step's tiles
       // In part_tile's registers: its dK sums come first, not sunk below the dQ product's issue

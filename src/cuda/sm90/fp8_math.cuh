@@ -80,7 +80,8 @@ __device__ __forceinline__ void pack_a_operand(const float (&x)[kCols / 2], uint
 
 // The row scales of the backward's dS operands (sigma_i in dQ, tau_j in dK): the ceil UE8M0 scale
 // of each accumulator row's max |.| (a per-lane max, reduced here over the row's quad), as 2^s
-// (applied after the product) and 2^-s (applied before rounding to E4M3), both NaN for a NaN max.
+// (applied after the product) and 2^-s (applied before rounding to E4M3), both NaN for a NaN max
+// (formats::ceil_scale_powers: without branches).
 struct RowScales {
   float pow[2], inv[2];
 };
@@ -88,9 +89,9 @@ __device__ __forceinline__ RowScales ceil_row_scales(const float (&lane_amax)[2]
   RowScales rs;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const uint8_t code = formats::scale_for_float_amax(quad_nan_max(lane_amax[r]), formats::ScaleRule::kCeil);
-    rs.pow[r] = pow2_of_scale(code);
-    rs.inv[r] = inv_pow2_of_scale(code);
+    const formats::ScalePowers powers = formats::ceil_scale_powers(quad_nan_max(lane_amax[r]));
+    rs.pow[r] = powers.pow;
+    rs.inv[r] = powers.inv;
   }
   return rs;
 }
