@@ -1,5 +1,6 @@
-"""Argument checks the PyTorch ops share that need nothing from torch itself (they read only
-``.device``), so they run and are tested without torch or a GPU."""
+"""Argument checks of the PyTorch ops and the FP64 reference that need nothing from torch itself
+(they read only ``.device``, or plain Python numbers), so they run and are tested without torch or a
+GPU."""
 
 
 def check_devices(op, reference_name, reference, **tensors):
@@ -9,3 +10,26 @@ def check_devices(op, reference_name, reference, **tensors):
         if t.device != reference.device:
             raise ValueError(f"flamia.{op}: {name} is on {t.device} but {reference_name} is on {reference.device}; "
                              f"every tensor of the call must be on one device")
+
+
+def _preview(values, shown=8):
+    """values as a short list for a message: the first `shown` entries, then how many more."""
+    head = ", ".join(str(v) for v in values[:shown])
+    return f"[{head}, ... ({len(values) - shown} more)]" if len(values) > shown else f"[{head}]"
+
+
+def check_document_lengths(op, lens, total_tokens):
+    """Raise ValueError unless ``lens`` (a list of ints) are document lengths >= 0 that add up to
+    ``total_tokens``, the packed tokens of q. A cu_seqlens passed in their place (starts at 0, never
+    decreases, ends at total_tokens, and so does not add up to it) is named as such."""
+    looks_like_offsets = (len(lens) >= 2 and lens[0] == 0 and lens[-1] == total_tokens
+                          and all(a <= b for a, b in zip(lens, lens[1:])))
+    if sum(lens) != total_tokens and looks_like_offsets:
+        raise ValueError(f"flamia.{op}: lens = {_preview(lens)} looks like cu_seqlens (starts at 0, never decreases, "
+                         f"ends at the {total_tokens} tokens of q); pass the document lengths instead, e.g. "
+                         f"flamia.reference.document_lengths(cu_seqlens)")
+    for i, n in enumerate(lens):
+        if n < 0:
+            raise ValueError(f"flamia.{op}: document lengths must be >= 0, got lens[{i}] = {n}")
+    if sum(lens) != total_tokens:
+        raise ValueError(f"flamia.{op}: document lengths sum to {sum(lens)}, but q holds {total_tokens} tokens")

@@ -6,7 +6,11 @@ h // (Hq // Hkv). Differentiable, so torch.autograd gives the exact gradients to
 with the square of the longest document (one [Hq, n, n] score matrix per document at a time).
 """
 
+import operator
+
 import torch
+
+from ._checks import check_document_lengths
 
 __all__ = ["attention", "gradients", "document_lengths"]
 
@@ -19,8 +23,13 @@ def document_lengths(cu_seqlens):
 
 def attention(q, k, v, lens, causal=True, softmax_scale=None, dtype=torch.float64):
     """o [T, Hq, D] and the natural-log lse [Hq, T] (in `dtype`) of packed q [T, Hq, D], k and v
-    [T, Hkv, D] with documents of the given lengths."""
+    [T, Hkv, D] with documents of the given lengths `lens` (a list or tensor of ints adding up to T;
+    not cu_seqlens: document_lengths(cu_seqlens) gives them). Raises ValueError for lengths that do
+    not fit q, naming a cu_seqlens passed in their place."""
     t, hq, d = q.shape
+    # operator.index refuses float lengths rather than truncating them.
+    lens = [operator.index(n) for n in (lens.tolist() if isinstance(lens, torch.Tensor) else lens)]
+    check_document_lengths("reference.attention", lens, t)
     group = hq // k.shape[1]
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
     outs, lses = [], []
@@ -36,8 +45,6 @@ def attention(q, k, v, lens, causal=True, softmax_scale=None, dtype=torch.float6
         lses.append(torch.logsumexp(s, dim=-1))
         outs.append(torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vd))
         start += n
-    if start != t:
-        raise ValueError(f"document lengths sum to {start}, but q holds {t} tokens")
     return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
 
 

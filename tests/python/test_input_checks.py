@@ -1,7 +1,8 @@
 """Python-side argument checks that need neither torch nor a GPU: the explicit softmax scale (the C
 API reads +0 as "default", so Python never passes 0 for an explicit value), num_docs and
-max_seqlen fitting the C int32 fields, and the backward ops' device checks (the helper on fake
-tensors, and its calls in ops.py)."""
+max_seqlen fitting the C int32 fields, the backward ops' device checks (the helper on fake
+tensors, and its calls in ops.py), and the FP64 reference's document lengths (cu_seqlens passed in
+their place are named)."""
 
 import ast
 import ctypes
@@ -16,7 +17,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
 
 from flamia import _capi  # noqa: E402
-from flamia._checks import check_devices  # noqa: E402
+from flamia._checks import check_devices, check_document_lengths  # noqa: E402
 
 
 @pytest.mark.parametrize("value", [0, 0.0, -0.0, -1.0, -1e-50, math.nan, math.inf, -math.inf])
@@ -102,3 +103,54 @@ def test_backward_ops_check_every_tensor_against_q_or_dout():
     assert checked_names("_run_backward") >= {"dout", "o", "lse", "cu_seqlens"}
     assert checked_names("_backward") >= {"q", "dout"}
     assert checked_names("_backward_saved") >= {"dout", "saved_codes"}
+
+
+def test_document_lengths_that_fit_q_pass():
+    check_document_lengths("reference.attention", [3, 0, 4], 7)
+    check_document_lengths("reference.attention", [0, 7], 7)  # as lengths or as cu_seqlens: one document of 7
+
+
+@pytest.mark.parametrize("offsets", [[0, 3, 7], [0, 0, 5, 5, 7], list(range(0, 41, 4))])
+def test_cu_seqlens_passed_as_lengths_are_named(offsets):
+    with pytest.raises(ValueError, match=r"reference.attention: lens = \[0, .*\] looks like cu_seqlens .* ends at "
+                                         rf"the {offsets[-1]} tokens of q\); pass the document lengths instead"):
+        check_document_lengths("reference.attention", offsets, offsets[-1])
+
+
+def test_long_cu_seqlens_are_shown_shortened():
+    offsets = list(range(0, 10001, 10))
+    with pytest.raises(ValueError, match=r"lens = \[0, 10, 20, 30, 40, 50, 60, 70, \.\.\. \(993 more\)\] looks like"):
+        check_document_lengths("reference.attention", offsets, 10000)
+
+
+@pytest.mark.parametrize("lens, message", [
+    ([3, 5], "document lengths sum to 8, but q holds 7 tokens"),
+    ([0, 3, 5], "document lengths sum to 8, but q holds 7 tokens"),  # starts at 0 but ends past T: not offsets
+    ([9, -2], r"document lengths must be >= 0, got lens\[1\] = -2"),
+])
+def test_lengths_that_do_not_fit_q_are_refused(lens, message):
+    with pytest.raises(ValueError, match=message):
+        check_document_lengths("reference.attention", lens, 7)
+
+
+def test_the_reference_checks_its_lengths_before_reading_q():
+    # reference.attention (and gradients through it) needs torch; without torch its first
+    # statements are checked here: the lengths check runs before the loop over documents.
+    tree = ast.parse((REPO / "python" / "flamia" / "reference.py").read_text())
+    function = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "attention")
+    calls = [i for i, stmt in enumerate(function.body) for c in ast.walk(stmt)
+             if isinstance(c, ast.Call) and getattr(c.func, "id", None) == "check_document_lengths"]
+    loop = next(i for i, stmt in enumerate(function.body) if isinstance(stmt, ast.For))
+    assert calls and calls[0] < loop
+
+
+def test_the_reference_names_cu_seqlens_passed_as_lengths():
+    torch = pytest.importorskip("torch")
+    from flamia import reference
+    q = k = v = torch.randn(7, 2, 8)
+    with pytest.raises(ValueError, match="looks like cu_seqlens"):
+        reference.attention(q, k, v, torch.tensor([0, 3, 7], dtype=torch.int32))
+    o, lse = reference.attention(q, k, v, reference.document_lengths(torch.tensor([0, 3, 7])))
+    assert o.shape == (7, 2, 8) and lse.shape == (2, 7)
+    with pytest.raises(TypeError):
+        reference.attention(q, k, v, [3.5, 3.5])
