@@ -6,26 +6,46 @@
 #include <sstream>
 
 namespace flamia::cli {
+
+std::string shortened(const std::string& text) {
+  constexpr size_t kShown = 64;
+  if (text.size() <= kShown) return text;
+  size_t cut = kShown;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
+  return text.substr(0, cut) + "\u2026";
+}
+
+std::string quoted(const std::string& text) { return "'" + shortened(text) + "'"; }
+
+std::string exit_status_help(const std::string& ok, const std::string& failed) {
+  const auto line = [](int status, const std::string& text) { return "  " + std::to_string(status) + "  " + text + "\n"; };
+  return "exit status:\n" + line(kExitOk, ok) + line(kExitFailed, failed) +
+         line(kExitRefused, "refused before running: bad usage, or a run over the limits (see --force)") +
+         line(kExitError, "the run could not finish: out of memory, or an internal error");
+}
+
 namespace {
 
+// list_item: `text` is one item of a comma-separated list (the message then says so).
 template <class T>
-T parse_number(const std::string& name, const std::string& text, T min = std::numeric_limits<T>::min()) {
+T parse_number(const std::string& name, const std::string& text, T min = std::numeric_limits<T>::min(),
+               bool list_item = false) {
   T value{};
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  const std::string range =
-      "an integer from " + std::to_string(min) + " to " + std::to_string(std::numeric_limits<T>::max());
+  const std::string range = std::string(list_item ? "a comma-separated list of integers" : "an integer") + " from " +
+                            std::to_string(min) + " to " + std::to_string(std::numeric_limits<T>::max());
+  const std::string got = ", got " + std::string(list_item ? "item " : "") + quoted(text);
   const bool whole = end == text.data() + text.size();
   if (ec == std::errc::result_out_of_range && whole)
-    throw UsageError("option --" + name + " expects " + range + ", got '" + text + "' (out of range)");
-  if (ec == std::errc() && whole && value < min)
-    throw UsageError("option --" + name + " expects " + range + ", got '" + text + "'");
+    throw UsageError("option --" + name + " expects " + range + got + " (out of range)");
+  if (ec == std::errc() && whole && value < min) throw UsageError("option --" + name + " expects " + range + got);
   if (ec == std::errc() && whole) return value;
   // from_chars reads no sign into an unsigned type: name the range, not just "an integer".
   const bool negative = !text.empty() && text[0] == '-';
   if (std::numeric_limits<T>::min() == 0 && negative && text.find_first_not_of("0123456789", 1) == std::string::npos &&
       text.size() > 1)
-    throw UsageError("option --" + name + " expects " + range + ", got '" + text + "' (negative)");
-  throw UsageError("option --" + name + " expects " + range + ", got '" + text + "'");
+    throw UsageError("option --" + name + " expects " + range + got + " (negative)");
+  throw UsageError("option --" + name + " expects " + range + got);
 }
 
 }  // namespace
@@ -47,14 +67,18 @@ void ArgParser::option(const std::string& name, uint64_t* target, const std::str
 void ArgParser::option(const std::string& name, std::string* target, const std::string& help) {
   add(name, {true, help, *target, [target](const std::string& v) { *target = v; }});
 }
-void ArgParser::option(const std::string& name, std::vector<int>* target, const std::string& help) {
+void ArgParser::option(const std::string& name, std::vector<int>* target, const std::string& help, int min) {
   std::string def;
   for (int x : *target) def += (def.empty() ? "" : ",") + std::to_string(x);
   add(name, {true, help, def, [=](const std::string& v) {
                target->clear();
                std::stringstream ss(v);
-               for (std::string item; std::getline(ss, item, ',');) target->push_back(parse_number<int>(name, item));
-               if (target->empty()) throw UsageError("option --" + name + " expects a comma-separated list of integers");
+               for (std::string item; std::getline(ss, item, ',');)
+                 target->push_back(parse_number<int>(name, item, min, true));
+               if (target->empty()) {
+                 throw UsageError("option --" + name + " expects a comma-separated list of integers from " +
+                                  std::to_string(min) + " to " + std::to_string(INT_MAX) + ", got ''");
+               }
              }});
 }
 
@@ -65,14 +89,14 @@ bool ArgParser::parse(int argc, char** argv) {
       std::fputs(help().c_str(), stdout);
       return false;
     }
-    if (arg.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + arg + "' (see flamia " + command_ + " --help)");
+    if (arg.rfind("--", 0) != 0) throw UsageError("unexpected argument " + quoted(arg) + " (see flamia " + command_ + " --help)");
     std::string name = arg.substr(2), value;
     bool has_inline_value = false;
     if (auto eq = name.find('='); eq != std::string::npos) {
       value = name.substr(eq + 1), name = name.substr(0, eq), has_inline_value = true;
     }
     auto it = specs_.find(name);
-    if (it == specs_.end()) throw UsageError("unknown option --" + name + " (see flamia " + command_ + " --help)");
+    if (it == specs_.end()) throw UsageError("unknown option " + shortened("--" + name) + " (see flamia " + command_ + " --help)");
     if (it->second.takes_value && !has_inline_value) {
       if (i + 1 >= argc) throw UsageError("option --" + name + " needs a value");
       value = argv[++i];
@@ -103,7 +127,7 @@ std::string ArgParser::help() const {
                      s.help + (s.takes_value && !s.default_text.empty() ? " (default: " + s.default_text + ")" : ""));
   }
   out += help_line("  -h, --help", "show this help");
-  return out;
+  return epilog_.empty() ? out : out + "\n" + epilog_;
 }
 
 }  // namespace flamia::cli

@@ -1,4 +1,6 @@
+#include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,7 +38,7 @@ bool default_config_meets_bars(const std::vector<analysis::NumericsRow>& rows, s
 }  // namespace
 
 int run_numerics_command(int argc, char** argv) {
-  int docs = 2, len = 1024, heads = 4, kv_heads = 0, dim = 128;
+  int docs = 2, len = 1024, heads = 4, kv_heads = 0, dim = 128;  // kv_heads 0: not given, as many as heads
   std::vector<int> lengths;
   uint64_t seed = 0;
   bool json = false, quiet = false, non_causal = false, check = false, default_only = false, force = false;
@@ -50,11 +52,11 @@ int run_numerics_command(int argc, char** argv) {
                  "applies: MXFP8, document isolation, causal) and tensor (o, lse, dq, dk, dv).");
   args.option("docs", &docs, "number of documents of length --len", 1);
   args.option("len", &len, "tokens per document", 1);
-  args.option("lengths", &lengths, "explicit document lengths (overrides --docs/--len)");
+  args.option("lengths", &lengths, "explicit document lengths, each >= 0 (overrides --docs/--len)", 0);
   args.option("heads", &heads, "query heads", 1);
-  args.option("kv-heads", &kv_heads, "key/value heads", 0);
+  args.option("kv-heads", &kv_heads, "key/value heads: a divisor of --heads, >= 1", 1);
   args.set_default_text("kv-heads", "--heads");
-  args.option("dim", &dim, "head dimension", 1);
+  args.option("dim", &dim, "head dimension (the Hadamard configurations need a multiple of 64, nvfp4_mixed of 16)", 1);
   args.option("seed", &seed, "random seed of the inputs");
   args.flag("non-causal", &non_causal, "attend to the whole document (prefix mode is then skipped)");
   args.flag("default-only", &default_only, "run only the default configuration (mxfp8, block32, ceil, document, rowcol)");
@@ -64,37 +66,50 @@ int run_numerics_command(int argc, char** argv) {
   args.flag("json", &json, "print one JSON object instead of a table");
   args.flag("quiet", &quiet, "no progress lines on stderr");
   args.flag("force", &force, "run even when the estimate is over the limits (half the RAM, one hour)");
-  if (!args.parse(argc, argv)) return 0;
+  args.set_epilog(exit_status_help("the run finished (with --check: the default route meets the accuracy bars)",
+                                   "with --check: the default route misses the accuracy bars"));
+  if (!args.parse(argc, argv)) return kExitOk;
+  if (default_only && compare_routes) throw UsageError("--default-only and --compare-routes exclude each other");
+  // Sized from the arguments alone: --docs x --len is not spelled out into a list before it is
+  // known to fit (a billion documents would take seconds and gigabytes to list).
+  DocumentSizes sizes;
   if (lengths.empty()) {
-    if (docs < 1 || len < 1) throw UsageError("--docs and --len must be >= 1");
-    lengths.assign(docs, len);
+    usage_check([&] { check_token_count(docs, int64_t(docs) * int64_t(len)); });
+    sizes = DocumentSizes::uniform(docs, len);
+  } else {
+    usage_check([&] { total_tokens_of(lengths); });
+    sizes = DocumentSizes::of(lengths);
   }
-  for (int n : lengths)
-    if (n < 0) throw UsageError("document lengths must be >= 0");
+  if (sizes.tokens == 0) throw UsageError("the documents hold no tokens (every length is 0): there is nothing to compare");
   if (kv_heads == 0) kv_heads = heads;
-  if (heads < 1 || kv_heads < 1 || heads % kv_heads != 0) throw UsageError("--heads must be a positive multiple of --kv-heads");
-  if (dim < 1) throw UsageError("--dim must be >= 1");
-  if (total_tokens_of(lengths) == 0)  // throws "too many tokens" past INT32_MAX
-    throw UsageError("the documents hold no tokens (every length is 0): there is nothing to compare");
+  if (heads % kv_heads != 0) throw UsageError("--heads must be a positive multiple of --kv-heads");
 
   const reference::AttentionShape shape{.causal = !non_causal};
-  if (default_only && compare_routes) throw UsageError("--default-only and --compare-routes exclude each other");
   std::vector<NumericsOptions> configs;
   for (const auto& c : compare_routes ? analysis::route_comparison_configs() : analysis::default_numerics_configs())
     if (shape.causal || c.isolation != Isolation::kPrefix) configs.push_back(c);
   if (default_only) configs.resize(1);  // the first configuration is the default route
+  // Every configuration's rules for this head dim (the core's, as in every call), before any runs.
+  for (const NumericsOptions& c : configs) {
+    if (const std::optional<std::string> e = options_error({.shape = shape, .numerics = c}, dim)) {
+      throw UsageError("configuration " + analysis::config_name(c) + ": " + *e +
+                       (default_only ? "" : "; --default-only runs the default configuration alone"));
+    }
+  }
+  const std::vector<analysis::NumericsStep> steps = analysis::numerics_steps(configs, shape);
   // Sized before anything is allocated: a run over the limits is refused at once.
-  const RunEstimate estimate = estimate_numerics(lengths, heads, kv_heads, dim, shape.causal, int(configs.size()));
+  const RunEstimate estimate = estimate_numerics(sizes, heads, kv_heads, dim, shape.causal, steps);
   refuse_if_too_large(estimate, force, "--docs, --len, --lengths, --heads, --dim");
+  if (lengths.empty()) lengths.assign(docs, len);  // known to fit now
 
   const ProgressLog log(quiet);
   log("estimated: " + format_seconds(estimate.seconds()) + ", " + format_bytes(estimate.bytes) + " of memory");
-  log("generating inputs");
-  const auto inputs = analysis::random_inputs({lengths, heads, kv_heads, dim}, seed);
   std::vector<analysis::NumericsRow> rows;
   {
-    StepProgress steps(log, quiet, estimate.step_seconds);
-    rows = analysis::run_numerics(inputs, shape, configs, [&](const std::string& step) { steps.step(step); });
+    StepProgress progress(log, quiet, estimate.step_seconds);
+    progress.step("generating inputs");
+    const auto inputs = analysis::random_inputs({lengths, heads, kv_heads, dim}, seed);
+    rows = analysis::run_numerics(inputs, shape, configs, [&](const std::string& step) { progress.step(step); });
   }
   log("done");
   std::string why;
@@ -141,7 +156,7 @@ int run_numerics_command(int argc, char** argv) {
     std::printf("\naccuracy bars (default route, cosine: O >= %.3f, dQ/dK/dV >= %.3f): %s\n", kCosineBarO, kCosineBarGrad,
                 bars ? "met" : ("MISSED: " + why).c_str());
   }
-  return check && !bars ? 1 : 0;
+  return check && !bars ? kExitFailed : kExitOk;
 }
 
 }  // namespace flamia::cli

@@ -16,7 +16,7 @@ namespace {
 template <OptionEnum E>
 E parse_flag(const std::string& flag, const std::string& value) {
   if (const std::optional<E> v = parse_option<E>(value)) return *v;
-  throw UsageError(flag + " must be " + option_names<E>() + ", got '" + value + "'");
+  throw UsageError(flag + " must be " + option_names<E>() + ", got " + quoted(value));
 }
 
 }  // namespace
@@ -28,27 +28,30 @@ int run_probe_command(int argc, char** argv) {
   ArgParser args("probe",
                  "Suffix-perturbation probe of the CPU emulation (docs/DESIGN.md §3). Packs three documents\n"
                  "[A, B, C], changes B after position i (suffix control) or changes and moves A and C\n"
-                 "(other-document control), and compares O, LSE and dQ bitwise in document and prefix mode.\n"
-                 "Exits 0 when the contract holds and the positive control is visible, 1 otherwise.");
-  args.option("lengths", &o.lengths, "lengths of the three documents A,B,C (B is probed)");
+                 "(other-document control), and compares O, LSE and dQ bitwise in document and prefix mode.");
+  args.option("lengths", &o.lengths, "lengths of the three documents A,B,C (B is probed), each >= 1", 1);
   args.option("position", &o.position, "probed position i inside B (document-local)");
-  args.option("heads", &o.q_heads, "query heads");
-  args.option("kv-heads", &o.kv_heads, "key/value heads (divides --heads)");
-  args.option("dim", &o.head_dim, "head dimension");
+  args.option("heads", &o.q_heads, "query heads", 1);
+  args.option("kv-heads", &o.kv_heads, "key/value heads: a divisor of --heads, >= 1", 1);
+  args.option("dim", &o.head_dim, "head dimension", 1);
   args.option("seed", &o.seed, "random seed of the inputs");
   args.option("suffix-boost", &o.suffix_boost_log2, "log2 of the factor applied to token i+1 in the suffix control");
   args.option("geometry", &geometry, "scale groups of loaded operands: block32 or token");
   args.option("rule", &rule, "scale exponent rule: ceil or floor");
   args.option("route", &route, "mxfp8, or nvfp4_mixed (S on NVFP4 Q and K, the other products as mxfp8)");
-  args.flag("hadamard", &o.hadamard, "rotate Q and K (normalized Walsh-Hadamard, blocks of 128 features) before quantizing");
+  args.flag("hadamard", &o.hadamard,
+            "rotate Q and K before quantizing (normalized Walsh-Hadamard in blocks of 128 features, or of 64 when "
+            "--dim is not a multiple of 128; --dim a multiple of 64)");
   args.flag("json", &json, "print one JSON object instead of a table");
   args.flag("quiet", &quiet, "no progress lines on stderr");
   args.flag("force", &force, "run even when the estimate is over the limits (half the RAM, one hour)");
-  if (!args.parse(argc, argv)) return 0;
+  args.set_epilog(exit_status_help("the contract holds and the positive control is visible",
+                                   "the contract is broken, or the probe is blind (the positive control did not fire)"));
+  if (!args.parse(argc, argv)) return kExitOk;
   o.scale_geometry = parse_flag<ScaleGeometry>("--geometry", geometry);
   o.scale_rule = parse_flag<ScaleRule>("--rule", rule);
   o.route = parse_flag<Route>("--route", route);
-  analysis::check_probe_options(o);
+  usage_check([&] { analysis::check_probe_options(o); });
   // Sized before anything is allocated: a run over the limits is refused at once.
   const RunEstimate estimate = estimate_probe(o.lengths, o.other_document_growth, o.q_heads, o.kv_heads, o.head_dim);
   refuse_if_too_large(estimate, force, "--lengths, --heads, --dim");
@@ -88,7 +91,7 @@ int run_probe_command(int argc, char** argv) {
     std::printf("\n%s\n", ok ? "PASS: prefix mode and other documents unchanged; document mode shows the suffix leak"
                              : ("FAIL: " + why).c_str());
   }
-  return ok ? 0 : 1;
+  return ok ? kExitOk : kExitFailed;
 }
 
 }  // namespace flamia::cli

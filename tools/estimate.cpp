@@ -12,13 +12,19 @@
 namespace flamia::cli {
 namespace {
 
-// Core-seconds per causal score pair x head x head_dim element, measured on the emulation (at the
-// slow end of what a shared 2-core machine gives): the FP64 reference's forward and backward, and
-// one route configuration's quantization, forward and backward. A non-causal document has twice
-// the pairs.
-constexpr double kReferencePerUnit = 8e-9, kConfigPerUnit = 1e-8;
-constexpr double kPerElement = 4e-7;  // core-seconds per element of q per call (quantize, compare)
-constexpr double kBaseBytes = 32e6;   // the process itself
+using analysis::NumericsWork;
+
+// Core-seconds per causal score pair x head x head_dim ("unit") and per element of q, for each kind
+// of step, at the slow end of what a shared 2-core machine gives (about twice what the emulation
+// takes on an idle one). A non-causal document has twice the pairs.
+struct Rate {
+  double per_unit, per_element;
+};
+constexpr Rate kReferenceForward{0.8e-9, 4e-8}, kReferenceBackward{1.5e-9, 8e-8};
+constexpr Rate kRouteForward{2.0e-9, 1.5e-7};  // quantization of q, k, v, then the forward
+constexpr Rate kRouteBackward{5.5e-9, 3.0e-7};  // the backward, then five comparisons
+constexpr double kInputsPerElement = 7e-8;     // seconds per draw of q, k, v or dO (one thread)
+constexpr double kBaseBytes = 32e6;          // the process itself
 
 int cores() { return std::max(1u, std::thread::hardware_concurrency()); }
 
@@ -28,46 +34,68 @@ double physical_ram() {
 }
 
 // Score pairs x heads x dim over the documents (causal: half the square).
-double attention_units(const std::vector<int>& lengths, int heads, int dim, bool causal) {
-  double pairs = 0;
-  for (int n : lengths) pairs += double(n) * double(n) * (causal ? 0.5 : 1.0);
-  return pairs * heads * dim;
+double attention_units(const DocumentSizes& sizes, int heads, int dim, bool causal) {
+  return sizes.squares * (causal ? 0.5 : 1.0) * heads * dim;
 }
 
-double longest(const std::vector<int>& lengths) {
-  return lengths.empty() ? 0.0 : double(*std::max_element(lengths.begin(), lengths.end()));
+const Rate& rate_of(NumericsWork work) {
+  switch (work) {
+    case NumericsWork::kReferenceForward: return kReferenceForward;
+    case NumericsWork::kReferenceBackward: return kReferenceBackward;
+    case NumericsWork::kRouteForward: return kRouteForward;
+    case NumericsWork::kRouteBackward: return kRouteBackward;
+  }
+  return kRouteBackward;
+}
+
+double step_seconds(const Rate& rate, double units, double q_elements) {
+  return (units * rate.per_unit + q_elements * rate.per_element) / cores();
 }
 
 }  // namespace
 
+DocumentSizes DocumentSizes::of(const std::vector<int>& lengths) {
+  DocumentSizes s;
+  for (int n : lengths) {
+    s.tokens += n;
+    s.squares += double(n) * double(n);
+    s.longest = std::max(s.longest, double(n));
+  }
+  return s;
+}
+
+DocumentSizes DocumentSizes::uniform(int documents, int length) {
+  const double d = documents, n = length;
+  return {.tokens = d * n, .squares = d * n * n, .longest = documents > 0 ? n : 0.0};
+}
+
 double RunEstimate::seconds() const { return std::accumulate(step_seconds.begin(), step_seconds.end(), 0.0); }
 
-RunEstimate estimate_numerics(const std::vector<int>& lengths, int heads, int kv_heads, int dim, bool causal,
-                              int configs) {
-  double tokens = 0;
-  for (int n : lengths) tokens += n;
-  const double q_elements = tokens * heads * dim, kv_elements = tokens * kv_heads * dim;
-  const double units = attention_units(lengths, heads, dim, causal), c = cores();
+RunEstimate estimate_numerics(const DocumentSizes& sizes, int heads, int kv_heads, int dim, bool causal,
+                              const std::vector<analysis::NumericsStep>& steps) {
+  const double q_elements = sizes.tokens * heads * dim, kv_elements = sizes.tokens * kv_heads * dim;
+  const double units = attention_units(sizes, heads, dim, causal);
   RunEstimate e;
   // q, dO, o, dq (x2: reference and route) and their codes; k, v, dk, dv likewise: 14 q-sized
   // double tensors cover both with GQA; one L x L double matrix per document in flight.
-  e.bytes = kBaseBytes + 8.0 * (10 * q_elements + 4 * kv_elements) + 8.0 * longest(lengths) * longest(lengths);
-  e.step_seconds.push_back((units * kReferencePerUnit + q_elements * kPerElement) / c);
-  for (int i = 0; i < configs; ++i) e.step_seconds.push_back((units * kConfigPerUnit + q_elements * kPerElement) / c);
+  e.bytes = kBaseBytes + 8.0 * (10 * q_elements + 4 * kv_elements) + 8.0 * sizes.longest * sizes.longest;
+  e.step_seconds.push_back(2 * (q_elements + kv_elements) * kInputsPerElement);  // generating inputs, one thread
+  for (const auto& step : steps) e.step_seconds.push_back(step_seconds(rate_of(step.work), units, q_elements));
   return e;
 }
 
 RunEstimate estimate_probe(const std::vector<int>& lengths, int growth, int heads, int kv_heads, int dim) {
   std::vector<int> moved = lengths;
   if (!moved.empty()) moved[0] += growth;
-  double tokens = growth;
-  for (int n : lengths) tokens += n;
-  const double q_elements = tokens * heads * dim, kv_elements = tokens * kv_heads * dim, c = cores();
+  const DocumentSizes sizes = DocumentSizes::of(moved);
+  const double q_elements = sizes.tokens * heads * dim, kv_elements = sizes.tokens * kv_heads * dim;
   RunEstimate e;
   // Three input sets (q, k, v, dO), two calls' outputs alive, the codes of one call.
-  e.bytes = kBaseBytes + 8.0 * (16 * q_elements + 8 * kv_elements) + 8.0 * longest(moved) * longest(moved);
-  const double units = attention_units(moved, heads, dim, true);
-  for (int i = 0; i < 6; ++i) e.step_seconds.push_back((units * kConfigPerUnit + q_elements * kPerElement) / c);
+  e.bytes = kBaseBytes + 8.0 * (16 * q_elements + 8 * kv_elements) + 8.0 * sizes.longest * sizes.longest;
+  e.step_seconds.push_back(3 * 2 * (q_elements + kv_elements) * kInputsPerElement);
+  const double units = attention_units(sizes, heads, dim, true);
+  const double call = step_seconds(kRouteForward, units, q_elements) + step_seconds(kRouteBackward, units, q_elements);
+  for (int i = 0; i < analysis::kProbeCalls; ++i) e.step_seconds.push_back(call);
   return e;
 }
 

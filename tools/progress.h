@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
@@ -31,11 +32,13 @@ class ProgressLog {
 
 // Progress through steps of estimated durations (RunEstimate::step_seconds): step(name) starts the
 // next one (the previous is then done) and prints it with the share of the estimated work done and
-// the time left; while a step runs, a line follows every `interval` seconds. Once steps after the
-// first have finished (the first, e.g. the FP64 reference, may differ in kind), the estimates of the
-// rest are scaled by how long those really took.
+// the time left; while a step runs, a line follows every `interval` seconds. Once the finished
+// steps have taken kCalibrateSeconds, the estimates of the rest are scaled by how long those really
+// took against their estimate (each kind of step has its own rate, so one scale fits them all).
 class StepProgress {
  public:
+  static constexpr double kCalibrateSeconds = 1.0;
+
   StepProgress(const ProgressLog& log, bool quiet, std::vector<double> step_seconds, double interval = 10)
       : log_(log), quiet_(quiet), estimate_(std::move(step_seconds)), interval_(interval) {
     if (!quiet_) ticker_ = std::thread([this] { tick(); });
@@ -54,7 +57,7 @@ class StepProgress {
   void step(const std::string& name) {
     std::lock_guard lock(mutex_);
     const double now = log_.elapsed();
-    if (current_ >= 1) done_seconds_ += now - step_start_;  // steps after the first calibrate the rest
+    if (current_ >= 0) done_seconds_ += now - step_start_;
     ++current_;
     step_start_ = now;
     name_ = name;
@@ -69,16 +72,18 @@ class StepProgress {
     const size_t i = size_t(std::max(current_, 0));
     const size_t finished = std::min(i, estimate_.size());
     const double before = std::accumulate(estimate_.begin(), estimate_.begin() + finished, 0.0);
-    const double calibrating = finished >= 2 ? before - estimate_[0] : 0.0;  // finished steps after the first
-    const double scale = calibrating > 0 && done_seconds_ > 0 ? done_seconds_ / calibrating : 1.0;
+    // Finished steps that took less than kCalibrateSeconds in all say too little about the machine.
+    const double scale = before > 0 && done_seconds_ >= kCalibrateSeconds ? done_seconds_ / before : 1.0;
     const double this_step = i < estimate_.size() ? estimate_[i] : 0.0;
     const double in_step = now - step_start_;
     const bool late = in_step > this_step * scale;
     const double fraction = this_step > 0 ? std::min(in_step / (this_step * scale), 0.99) : 0.0;
     const double left = std::max(0.0, (late ? 0.0 : this_step * scale - in_step) + (total - before - this_step) * scale);
+    // Rounded down, so that 100% is never shown while work is left.
+    const double percent = total > 0 ? std::floor(100.0 * (before + fraction * this_step) / total) : 0.0;
     char buf[160];
-    std::snprintf(buf, sizeof buf, "%.0f%% of the estimated work done, about %s left%s",
-                  total > 0 ? 100.0 * (before + fraction * this_step) / total : 0.0, format_seconds(left + 0.0).c_str(),
+    std::snprintf(buf, sizeof buf, "%.0f%% of the estimated work done, about %s left%s", percent,
+                  format_seconds(left + 0.0).c_str(),
                   late ? " after this step (running longer than estimated)" : "");
     return buf;
   }

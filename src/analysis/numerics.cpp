@@ -1,5 +1,7 @@
 #include "analysis/numerics.h"
 
+#include <stdexcept>
+
 #include "reference/attention_fp64.h"
 
 namespace flamia::analysis {
@@ -25,30 +27,62 @@ std::vector<NumericsOptions> route_comparison_configs() {
   return configs;
 }
 
+std::string config_name(const NumericsOptions& opt) {
+  return std::string(to_string(opt.route)) + (opt.hadamard ? "+hadamard " : " ") + std::string(to_string(opt.isolation)) +
+         "/" + std::string(to_string(opt.scale_geometry)) + "/" + std::string(to_string(opt.scale_rule)) +
+         "/u=" + std::string(to_string(opt.u_scale));
+}
+
+namespace {
+// The dQ reductions a configuration's rows report: deterministic, then fp16_partials where it applies.
+std::vector<DqReduction> reductions_of(const NumericsOptions& opt, bool causal) {
+  std::vector<DqReduction> reductions = {DqReduction::kDeterministic};
+  if (opt.uses_fp16_partials(causal)) reductions.push_back(DqReduction::kFp16Partials);
+  return reductions;
+}
+}  // namespace
+
+std::vector<NumericsStep> numerics_steps(const std::vector<NumericsOptions>& configs,
+                                         const reference::AttentionShape& shape) {
+  std::vector<NumericsStep> steps = {{NumericsWork::kReferenceForward, "fp64 reference forward"},
+                                     {NumericsWork::kReferenceBackward, "fp64 reference backward"}};
+  for (const NumericsOptions& opt : configs) {
+    const std::string name = config_name(opt);
+    steps.push_back({NumericsWork::kRouteForward, name + " forward"});
+    for (const DqReduction reduction : reductions_of(opt, shape.causal))
+      steps.push_back({NumericsWork::kRouteBackward, name + " backward " + std::string(to_string(reduction))});
+  }
+  return steps;
+}
+
 std::vector<NumericsRow> run_numerics(const AttentionInputs& in, const reference::AttentionShape& shape,
                                       const std::vector<NumericsOptions>& configs, const Progress& progress) {
   using namespace reference;
-  if (progress) progress("fp64 reference");
+  // Each step is announced from numerics_steps, so what a caller estimated is what runs.
+  const std::vector<NumericsStep> steps = numerics_steps(configs, shape);
+  size_t next = 0;
+  const auto start = [&](NumericsWork work) {
+    if (next >= steps.size() || steps[next].work != work)
+      throw std::logic_error("run_numerics: its steps went out of step with numerics_steps");
+    if (progress) progress(steps[next].name);
+    ++next;
+  };
+  start(NumericsWork::kReferenceForward);
   const ForwardOutputs exact = reference_forward(in.q, in.k, in.v, in.docs, shape);
+  start(NumericsWork::kReferenceBackward);
   const Gradients exact_grads = reference_backward(in.q, in.k, in.v, exact.o, exact.lse, in.dout, in.docs, shape);
 
   std::vector<NumericsRow> rows;
   for (const NumericsOptions& opt : configs) {
-    // The geometry as the option names it (prefix isolation's block32 is per token at the frontier).
-    const std::string name = std::string(to_string(opt.route)) + (opt.hadamard ? "+hadamard " : " ") +
-                             std::string(to_string(opt.isolation)) + "/" + std::string(to_string(opt.scale_geometry)) +
-                             "/" + std::string(to_string(opt.scale_rule)) + "/u=" + std::string(to_string(opt.u_scale));
-    if (progress) progress(name);
+    start(NumericsWork::kRouteForward);
     RouteStats forward_stats;
     const QuantizedInputs qin = quantize_inputs(in.q, in.k, in.v, in.docs, opt);
     const ForwardOutputs fwd = mxfp8_forward(qin, in.docs, shape, opt, &forward_stats);
-    std::vector<DqReduction> reductions = {DqReduction::kDeterministic};
-    if (opt.uses_fp16_partials(shape.causal)) reductions.push_back(DqReduction::kFp16Partials);
-    for (const DqReduction reduction : reductions) {
+    for (const DqReduction reduction : reductions_of(opt, shape.causal)) {
+      start(NumericsWork::kRouteBackward);
       NumericsOptions run = opt;
       run.dq_reduction = reduction;
       RouteStats stats = forward_stats;
-      if (progress && reductions.size() > 1) progress(name + " backward " + std::string(to_string(reduction)));
       const Gradients grads = mxfp8_backward(qin, fwd, in.dout, in.docs, shape, run, &stats);
       const std::pair<const char*, Comparison> tensors[] = {
           {"o", compare(fwd.o.data, exact.o.data)},
@@ -65,6 +99,7 @@ std::vector<NumericsRow> run_numerics(const AttentionInputs& in, const reference
       }
     }
   }
+  if (next != steps.size()) throw std::logic_error("run_numerics: ran fewer steps than numerics_steps lists");
   return rows;
 }
 

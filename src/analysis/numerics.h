@@ -29,7 +29,28 @@ std::vector<NumericsOptions> default_numerics_configs();
 // nvfp4_mixed with Hadamard.
 std::vector<NumericsOptions> route_comparison_configs();
 
+// A configuration as the table's progress and messages name it, e.g. "mxfp8+hadamard
+// document/block32/ceil/u=rowcol" (prefix isolation's block32 is per token at the frontier).
+std::string config_name(const NumericsOptions& config);
+
 using Progress = std::function<void(const std::string&)>;
+
+// What one step of run_numerics computes: a caller sizes each step from this before running.
+enum class NumericsWork {
+  kReferenceForward,   // FP64 forward
+  kReferenceBackward,  // FP64 backward
+  kRouteForward,       // one configuration's quantization and forward
+  kRouteBackward,      // one configuration's backward with one dQ reduction, and the comparisons
+};
+struct NumericsStep {
+  NumericsWork work;
+  std::string name;  // as run_numerics passes it to the progress callback
+};
+
+// The steps run_numerics takes for these configurations, in order; it reports each one to its
+// progress callback as it starts.
+std::vector<NumericsStep> numerics_steps(const std::vector<NumericsOptions>& configs,
+                                         const reference::AttentionShape& shape);
 
 // Runs the FP64 reference once and every configuration against it; rows for o, lse, dq, dk, dv.
 // A configuration runs the deterministic backward, and where FP16 dQ partials apply to it

@@ -87,6 +87,7 @@ void check_probe_options(const ProbeOptions& o) {
 
 std::vector<ProbeCase> run_probe(const ProbeOptions& o, const Progress& progress, const ProbeCall& call) {
   check_probe_options(o);
+  if (progress) progress("generating inputs");
   const InputShape shape{o.lengths, o.q_heads, o.kv_heads, o.head_dim};
   const AttentionInputs base = random_inputs(shape, o.seed);
   const int b_begin = base.docs.begin(1), i = o.position, b_len = o.lengths[1];

@@ -63,6 +63,9 @@ struct ProbeCase {
 // Throws std::invalid_argument for options that cannot make a probe (e.g. i outside B).
 void check_probe_options(const ProbeOptions& options);
 
+// The calls run_probe makes: base, suffix control and other-document control in each of the two
+// isolation modes. It reports kProbeCalls + 1 progress steps: generating the inputs, then each call.
+inline constexpr int kProbeCalls = 6;
 std::vector<ProbeCase> run_probe(const ProbeOptions& options, const Progress& progress = {},
                                  const ProbeCall& call = emulated_probe_call);
 

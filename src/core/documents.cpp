@@ -53,12 +53,16 @@ int64_t total_tokens_of(std::span<const int> lengths) {
     if (n < 0) throw std::invalid_argument("document lengths must be >= 0, got " + std::to_string(n));
     total += n;
   }
+  check_token_count(int64_t(lengths.size()), total);
+  return total;
+}
+
+void check_token_count(int64_t documents, int64_t total) {
   if (total > kMaxTokens) {
-    throw std::invalid_argument("too many tokens: the " + std::to_string(lengths.size()) + " documents hold " +
+    throw std::invalid_argument("too many tokens: the " + std::to_string(documents) + " documents hold " +
                                 std::to_string(total) + " tokens, more than " + std::to_string(kMaxTokens) +
                                 " (INT32_MAX, the most that int32 cu_seqlens can index)");
   }
-  return total;
 }
 
 Documents Documents::from_lengths(std::span<const int> lengths) {

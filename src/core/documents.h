@@ -36,6 +36,9 @@ inline constexpr int64_t kMaxTokens = 2147483647;
 // The sum of `lengths` (in 64 bits). Throws std::invalid_argument for a negative length or a sum
 // over kMaxTokens ("too many tokens").
 int64_t total_tokens_of(std::span<const int> lengths);
+// Throws total_tokens_of's "too many tokens" error when `documents` documents holding `total`
+// tokens in all (counted in 64 bits by the caller) are more than kMaxTokens.
+void check_token_count(int64_t documents, int64_t total);
 
 class Documents {
  public:

@@ -46,6 +46,19 @@ TEST(Documents, RefusesLengthsThatSumPastInt32) {
   }
 }
 
+// A count of equal documents is checked from its 64-bit product, with the same message.
+TEST(Documents, ChecksATokenCountWithoutTheLengths) {
+  EXPECT_NO_THROW(check_token_count(2147483647, 2147483647));
+  try {
+    check_token_count(1000000000, int64_t(1000000000) * 1024);
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("too many tokens: the 1000000000 documents hold 1024000000000 tokens"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // A probed position near INT_MAX is refused by the range check (position + 1 would overflow).
 TEST(ProbeOptions, RefusesPositionsPastTheProbedDocument) {
   analysis::ProbeOptions o;

@@ -5,7 +5,10 @@ The binary comes from FLAMIA_CLI (set by CTest) or build/flamia relative to the 
 import json
 import os
 import pathlib
+import re
+import resource
 import subprocess
+import time
 
 import pytest
 
@@ -170,7 +173,7 @@ def run_quick(*args):
 
 
 @pytest.mark.parametrize("args", [
-    ["numerics", "--dim", "100000"],
+    ["numerics", "--dim", "102400"],  # a multiple of 128: every configuration's rules hold
     ["numerics", "--len", "100000"],
     ["numerics", "--docs", "1", "--len", "2000000000"],
     ["probe", "--dim", "100000"],
@@ -213,3 +216,143 @@ def test_numerics_table_rows_are_padded_and_progress_reports_percent_and_time_le
     assert len(table) == 12 and len({len(line) for line in table}) == 1, table
     assert "estimated:" in out.stderr
     assert "% of the estimated work done, about" in out.stderr and "left" in out.stderr
+
+
+def refused(*args):
+    """A run that must be refused (exit 2) in under a second of wall time, before any allocation."""
+    start = time.monotonic()
+    out = subprocess.run([cli_path(), *args], capture_output=True, text=True, timeout=5)
+    elapsed = time.monotonic() - start
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert elapsed < 1.0, f"refused after {elapsed:.2f} s"
+    assert out.stdout == ""
+    return out.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    # docs x len is refused from its 64-bit product, without listing a billion lengths first.
+    (["numerics", "--docs", "1000000000"],
+     "too many tokens: the 1000000000 documents hold 1024000000000 tokens, more than 2147483647"),
+    (["numerics", "--docs", "2147483647", "--len", "2147483647"], "hold 4611686014132420609 tokens"),
+    (["numerics", "--docs", "2147483647", "--len", "1"], "this run needs about"),
+    (["numerics", "--docs", "1000000000", "--len", "1"], "this run needs about"),
+    (["probe", "--lengths", "2147483647,1,1"], "too many tokens"),
+])
+def test_huge_document_counts_are_refused_from_the_arguments_alone(args, message):
+    assert message in refused(*args)
+
+
+@pytest.mark.parametrize("args", [
+    ["numerics", "--dim", "100"],
+    ["numerics", "--dim", "100", "--compare-routes"],
+    ["numerics", "--dim", "96", "--docs", "1", "--len", "8"],
+])
+def test_numerics_checks_every_configuration_against_the_head_dim_before_running(args):
+    dim = args[2]
+    message = refused(*args)
+    assert (f"configuration mxfp8+hadamard document/block32/ceil/u=rowcol: hadamard=true needs head_dim a multiple "
+            f"of 64, got {dim}; --default-only runs the default configuration alone") in message
+
+
+def test_numerics_runs_the_default_route_alone_on_a_head_dim_the_others_refuse():
+    out = run("numerics", "--default-only", "--dim", "100", "--docs", "1", "--len", "40", "--heads", "1", "--json",
+              "--quiet")
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)["rows"]) == 10
+
+
+def test_the_hadamard_help_gives_the_block_sizes_the_rotation_uses():
+    line = next(line for line in run("probe", "--help").stdout.splitlines() if line.startswith("  --hadamard"))
+    assert "blocks of 128 features, or of 64 when --dim is not a multiple of 128; --dim a multiple of 64" in line
+
+
+def test_zero_kv_heads_is_refused_alike_by_both_commands():
+    message = "option --kv-heads expects an integer from 1 to 2147483647, got '0'"
+    for command in ("numerics", "probe"):
+        assert message in refused(command, "--kv-heads", "0")
+        kv = next(line for line in run(command, "--help").stdout.splitlines() if line.startswith("  --kv-heads"))
+        assert "a divisor of --heads, >= 1" in kv
+    assert "(default: --heads)" in next(line for line in run("numerics", "--help").stdout.splitlines()
+                                        if line.startswith("  --kv-heads"))
+
+
+@pytest.mark.parametrize("command", ["numerics", "probe"])
+def test_help_lists_the_exit_statuses(command):
+    out = run(command, "--help")
+    assert out.returncode == 0
+    statuses = out.stdout.split("exit status:\n", 1)[1].splitlines()
+    assert [line.split()[0] for line in statuses] == ["0", "1", "2", "3"]
+    assert "refused before running" in statuses[2] and "out of memory, or an internal error" in statuses[3]
+
+
+def test_readme_lists_the_exit_statuses():
+    usage = (REPO / "README.md").read_text().split("## Usage", 1)[1].split("\n## ", 1)[0]
+    statuses = " ".join(usage.split("Exit statuses of `probe` and `numerics`:", 1)[1].split("\n\n", 1)[0].split())
+    for status in ("0 = ", "1 = ", "2 = refused before running", "3 = the run could not finish"):
+        assert status in statuses, statuses
+
+
+def limit_address_space():
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+def test_running_out_of_memory_exits_3_not_1():
+    # --force past the estimate; with 1 GiB of address space the 10 GB inputs cannot be allocated.
+    out = subprocess.run([cli_path(), "numerics", "--force", "--quiet", "--default-only", "--docs", "1", "--len", "64",
+                          "--heads", "1", "--dim", "20000000"], capture_output=True, text=True, timeout=30,
+                         preexec_fn=limit_address_space)
+    assert out.returncode == 3, out.stderr
+    assert "flamia numerics: error: out of memory (std::bad_alloc); the run did not finish" in out.stderr
+
+
+STEP = re.compile(r"^\[ *([0-9.]+)s\] (.*) \(([0-9]+)% of the estimated work done, about .* left.*\)$")
+
+
+def test_progress_shares_rise_with_the_work_and_stay_below_100_until_the_end():
+    # Every step is in the estimate (inputs, FP64 forward and backward, each configuration's
+    # forward and each of its backwards), so the share rises at every step and keeps up with time.
+    out = run("numerics", "--len", "512", "--docs", "2", "--heads", "2", "--dim", "64")
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.splitlines()
+    steps = [(float(m[1]), m[2], int(m[3])) for m in map(STEP.match, lines) if m]
+    total = float(re.match(r"^\[ *([0-9.]+)s\] done$", lines[-1])[1])
+    names = [name for _, name, _ in steps]
+    assert names[:3] == ["generating inputs", "fp64 reference forward", "fp64 reference backward"]
+    assert "mxfp8 document/block32/ceil/u=rowcol backward fp16_partials" in names
+    shares = [share for _, _, share in steps]
+    assert all(a < b for a, b in zip(shares, shares[1:])), shares
+    assert shares[-1] < 100 and shares[-1] >= 80, shares
+    for elapsed, name, share in steps:  # never far ahead of the time spent (0.1 s log resolution)
+        assert share <= 100 * (elapsed + 0.1) / total + 35, (name, share, elapsed, total)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["numerics", "--lengths", "5,-1"],
+     "option --lengths expects a comma-separated list of integers from 0 to 2147483647, got item '-1'"),
+    (["probe", "--lengths", "5,0,6"],
+     "option --lengths expects a comma-separated list of integers from 1 to 2147483647, got item '0'"),
+    (["numerics", "--lengths", ""], "option --lengths expects a comma-separated list of integers from 0 to"),
+])
+def test_lengths_errors_name_the_accepted_range(args, message):
+    assert message in refused(*args)
+
+
+@pytest.mark.parametrize("args, shown", [
+    (["numerics", "--dim", "9" * 120_000], "got '" + "9" * 64 + "…' (out of range)"),
+    (["numerics", "--lengths", "1," + "a" * 120_000], "got item '" + "a" * 64 + "…'"),
+    (["numerics", "--" + "x" * 120_000], "unknown option --" + "x" * 62 + "… (see flamia numerics --help)"),
+    (["probe", "--route", "é" * 60_000], "got '" + "é" * 32 + "…'"),  # cut between characters
+])
+def test_huge_arguments_are_echoed_shortened(args, shown):
+    message = refused(*args)
+    assert shown in message and len(message) < 400, message[:400]
+
+
+def test_help_and_version_are_commands_too():
+    assert run("help").stdout == run("--help").stdout and run("help").returncode == 0
+    assert "commands:" in run("help").stdout
+    version = run("version")
+    assert version.returncode == 0 and version.stdout == run("--version").stdout and version.stdout.startswith("flamia ")
+    assert run("help", "probe").stdout == run("probe", "--help").stdout
+    out = run("help", "frobnicate")
+    assert out.returncode == 2 and "unknown command 'frobnicate'" in out.stderr
