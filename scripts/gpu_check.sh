@@ -112,7 +112,18 @@ install_ok=0
 if [ "$RUN_TESTS" -eq 0 ] && [ "$RUN_BENCH" -eq 0 ]; then
   echo "gpu_check: neither tests nor benchmarks: no Python package needed"
 elif [ "$RUN_INSTALL" -eq 1 ]; then
-  run_step "pip install" "$PYTHON" -m pip install --no-build-isolation --no-deps -q . && install_ok=1
+  # Without pip's build isolation the build backend must be in the environment: where it is not,
+  # the pinned one (requirements-build.txt) from the wheels scripts/prepare_gpu_carry.sh carried.
+  build_requirements_ok=1
+  if ! "$PYTHON" -c 'import scikit_build_core' 2>/dev/null; then
+    run_step "build requirements" "$PYTHON" -m pip install -q --disable-pip-version-check --no-index \
+      --find-links .carry/wheels -r requirements-build.txt || build_requirements_ok=0
+  fi
+  if [ "$build_requirements_ok" -eq 1 ]; then
+    run_step "pip install" "$PYTHON" -m pip install --no-build-isolation --no-deps -q . && install_ok=1
+  else
+    skip_step "pip install" "no build backend (scikit-build-core; scripts/prepare_gpu_carry.sh carries it)"
+  fi
 elif "$PYTHON" -c 'import flamia' 2>/dev/null; then
   echo "gpu_check: --no-install: using the installed flamia package"
   install_ok=1

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Copies what an offline GPU machine lacks into .carry/ (git-ignored), to be copied there with the
-# working tree: GoogleTest's sources from Debian's googletest package, and the wheels of
-# bench/requirements-gpu-bench.txt (FlashAttention-3 for JAX) in .carry/wheels/. Then run
-# scripts/gpu_check.sh there (with --bench it installs the wheels into .carry/site).
+# working tree: GoogleTest's sources from Debian's googletest package, and in .carry/wheels/ the
+# wheels of bench/requirements-gpu-bench.txt (FlashAttention-3 for JAX) and of requirements-build.txt
+# (the Python package's build backend, CMake and Ninja). Then run scripts/gpu_check.sh there (with
+# --bench it installs the benchmark's wheels into .carry/site); an environment without the build
+# backend gets it with `python3 -m pip install --no-index --find-links .carry/wheels -r requirements-build.txt`.
 #
 # Environment: GPU_PYTHON_VERSION (default 3.12, the GPU machine's Python), PYTHON (default python3).
 set -euo pipefail
@@ -17,5 +19,10 @@ rm -rf .carry/wheels && mkdir -p .carry/wheels
 "$PYTHON" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
   --python-version "$GPU_PYTHON_VERSION" --platform manylinux_2_28_x86_64 --implementation cp \
   -d .carry/wheels -r bench/requirements-gpu-bench.txt
+# CMake's and Ninja's wheels are tagged manylinux2014 (manylinux_2_17), which a manylinux_2_28
+# platform alone does not select.
+"$PYTHON" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+  --python-version "$GPU_PYTHON_VERSION" --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
+  --implementation cp -d .carry/wheels -r requirements-build.txt
 ls .carry/wheels
 echo "prepared .carry/ ($(du -sh .carry | cut -f1))"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the CPU test suite (GoogleTest + the Python oracle and CLI tests) through CTest, then prints
-# pytest's own summary line (e.g. "91 passed, 3 skipped"), which CTest counts as one test.
+# pytest's own summary line ("N passed, M skipped in S s"), which CTest counts as one test.
+# FLAMIA_INSTALL_TEST=1 adds the Python package's install into fresh venvs (needs PyPI; CI sets it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 status=0
