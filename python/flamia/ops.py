@@ -600,9 +600,10 @@ def attention(q, k, v, cu_seqlens, max_seqlen, causal=True, softmax_scale=None, 
         return_lse: also return lse [Hq, T] FP32 (natural log).
         deterministic: the backward's reduction of dq. True: bitwise repeatable (a dQ pass of its
             own, each row summed in a fixed order). False: dq from FP16 partials of the dK dV pass
-            where they apply (document isolation, causal, D = 128, long documents, save_codes),
-            as accurate but summed in whatever order they arrive (today level in speed with the
-            deterministic pass, docs/RESULTS.md). Default None follows
+            where they apply (document isolation, causal, D = 128, documents of 8,192 tokens or
+            more on average, save_codes), as accurate but summed in whatever order they arrive,
+            and faster than the deterministic pass (docs/RESULTS.md, "Training call":
+            deterministic / default). Default None follows
             torch.are_deterministic_algorithms_enabled(). Prefix isolation is always deterministic.
         save_codes: when a gradient will be taken, keep q, k and v's MXFP8 codes (about 2 bytes per
             element of q, k and v, 2 more per element of k and v in prefix isolation with block32
