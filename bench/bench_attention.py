@@ -54,7 +54,7 @@ flamia's (cosine), so a baseline computing a different mask shows up: one below 
 'wrong outputs (cos ...)', without a time, and takes no part in the ratios (the columns flamia / FA3,
 flamia / best BF16, flamia / cuDNN FP8).
 
-Usage (repo root, GPU machine, after `pip install --no-build-isolation --no-deps .`, or with
+Usage (repo root, GPU machine, with the package installed as README's "Usage" says, or with
 PYTHONPATH=python FLAMIA_CAPI_LIB=build-gpu/libflamia_capi.so):
   python3 bench/bench_attention.py [--pass train] [--graph] [--workloads 16x4096,longtail]
                                    [--rounds 20] [--warmup 3] [--schedule interleaved]

@@ -351,7 +351,7 @@ def library():
                 where = path if os.environ.get(ENV_LIBRARY) else ", ".join(map(str, _candidates()))
                 raise FileNotFoundError(
                     f"flamia: the C API library {LIBRARY_NAME} was not found (looked at {where}); install "
-                    f"the package (pip install --no-build-isolation --no-deps .) or set {ENV_LIBRARY} to a "
+                    f"the package on a CUDA machine (python3 -m pip install .; README) or set {ENV_LIBRARY} to a "
                     f"built {LIBRARY_NAME} (cmake target flamia_capi)")
             lib = ctypes.CDLL(str(path))
             _check_abi(lib, path)

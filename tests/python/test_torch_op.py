@@ -1,7 +1,7 @@
 """The PyTorch op flamia.attention (torch.ops.flamia.attention_forward) on an sm_90 GPU.
 
 Needs torch, a CUDA device of compute capability 9.0 and the installed package
-(pip install --no-build-isolation --no-deps .), or PYTHONPATH=python with FLAMIA_CAPI_LIB pointing
+(python3 -m pip install ., README's "Usage"), or PYTHONPATH=python with FLAMIA_CAPI_LIB pointing
 at a built libflamia_capi.so. Without torch the whole module is skipped (importorskip), and without
 a Hopper GPU every test skips with the reason, so the CPU CTest run (pytest tests/python) is
 unaffected.
