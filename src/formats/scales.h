@@ -60,11 +60,13 @@ FLAMIA_HD uint8_t scale_for_amax(double amax, ScaleRule rule) {
 // Equal to scale_for_amax(double(amax), rule) for every such float (tested over every exponent).
 // A float's frexp fraction is (1 + mantissa / 2^23) / 2, so "frac > 448 / 512" is a mantissa test;
 // zero and subnormal amax (floor(log2) <= -127, so e <= -135) clamp to the smallest exponent.
+inline constexpr int kFloatMantissaBits = 23;
+// The ceil rule's bump as a float mantissa test: mantissa / 2^23 > 2 * 448 / 512 - 1 = 0.75 (exact:
+// the threshold is an integer).
+inline constexpr uint32_t kCeilMantissa = uint32_t((2.0 * kE4M3Max / 512.0 - 1.0) * (1u << kFloatMantissaBits));
+static_assert(kE4M3MaxExponent == 8 && kCeilMantissa == 0x600000u, "448 = 1.75 * 2^8");
 FLAMIA_HD uint8_t scale_for_float_amax(float amax, ScaleRule rule) {
-  constexpr int kFloatBias = 127, kMantissaBits = 23;
-  // mantissa / 2^23 > 2 * 448 / 512 - 1 = 0.75 (exact: the threshold is an integer)
-  constexpr uint32_t kCeilMantissa = uint32_t((2.0 * kE4M3Max / 512.0 - 1.0) * (1u << kMantissaBits));
-  static_assert(kE4M3MaxExponent == 8 && kCeilMantissa == 0x600000u, "448 = 1.75 * 2^8");
+  constexpr int kFloatBias = 127, kMantissaBits = kFloatMantissaBits;
   uint32_t bits;
   std::memcpy(&bits, &amax, sizeof bits);
   const int biased = int(bits >> kMantissaBits) & 0xff;
@@ -87,8 +89,7 @@ struct ScalePowers {
   float pow, inv;
 };
 FLAMIA_HD ScalePowers ceil_scale_powers(float amax) {
-  constexpr uint32_t kCarry = (1u << 23) - 0x600000u - 1u;  // 0x1FFFFF
-  static_assert(kE4M3MaxExponent == 8, "448 = 1.75 * 2^8: the code is the biased exponent - 8");
+  constexpr uint32_t kCarry = (1u << kFloatMantissaBits) - kCeilMantissa - 1u;  // 0x1FFFFF
   uint32_t bits;
   std::memcpy(&bits, &amax, sizeof bits);
   bits &= 0x7fffffffu;
