@@ -1,6 +1,7 @@
 #include "cli_args.h"
 
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <sstream>
@@ -66,6 +67,20 @@ void ArgParser::option(const std::string& name, uint64_t* target, const std::str
 }
 void ArgParser::option(const std::string& name, std::string* target, const std::string& help) {
   add(name, {true, help, *target, [target](const std::string& v) { *target = v; }});
+}
+void ArgParser::option(const std::string& name, double* target, const std::string& help, double min) {
+  char shown[32];
+  std::snprintf(shown, sizeof shown, "%g", *target);
+  add(name, {true, help, shown, [=](const std::string& v) {
+               double value = 0.0;
+               const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
+               if (ec != std::errc() || end != v.data() + v.size() || !std::isfinite(value) || value < min) {
+                 char low[32];
+                 std::snprintf(low, sizeof low, "%g", min);
+                 throw UsageError("option --" + name + " expects a finite number >= " + low + ", got " + quoted(v));
+               }
+               *target = value;
+             }});
 }
 void ArgParser::option(const std::string& name, std::vector<int>* target, const std::string& help, int min) {
   std::string def;

@@ -54,6 +54,8 @@ class ArgParser {
   void option(const std::string& name, int* target, const std::string& help, int min = INT_MIN);
   void option(const std::string& name, uint64_t* target, const std::string& help);
   void option(const std::string& name, std::string* target, const std::string& help);
+  // A finite number >= min.
+  void option(const std::string& name, double* target, const std::string& help, double min);
   // A comma-separated list of ints, each at least min.
   void option(const std::string& name, std::vector<int>* target, const std::string& help, int min = INT_MIN);
 

@@ -39,7 +39,8 @@ bool default_config_meets_bars(const std::vector<analysis::NumericsRow>& rows, s
 
 int run_numerics_command(int argc, char** argv) {
   int docs = 2, len = 1024, heads = 4, kv_heads = 0, dim = 128;  // kv_heads 0: not given, as many as heads
-  std::vector<int> lengths;
+  std::vector<int> lengths, window = {-1, -1};
+  double softcap = 0.0;
   uint64_t seed = 0;
   bool json = false, quiet = false, non_causal = false, check = false, default_only = false, force = false;
   bool compare_routes = false;
@@ -56,9 +57,17 @@ int run_numerics_command(int argc, char** argv) {
   args.option("heads", &heads, "query heads", 1);
   args.option("kv-heads", &kv_heads, "key/value heads: a divisor of --heads, >= 1", 1);
   args.set_default_text("kv-heads", "--heads");
-  args.option("dim", &dim, "head dimension (the Hadamard configurations need a multiple of 64, nvfp4_mixed of 16)", 1);
+  args.option("dim", &dim,
+              "head dimension (a configuration it does not fit is left out: the Hadamard rotation needs a multiple of "
+              "64, nvfp4_mixed of 16)",
+              1);
   args.option("seed", &seed, "random seed of the inputs");
   args.flag("non-causal", &non_causal, "attend to the whole document (prefix mode is then skipped)");
+  args.option("window", &window,
+              "LEFT,RIGHT: query i sees the keys i - LEFT .. i + RIGHT of its document, -1 for no bound on that side "
+              "(flash_attn's window_size; causal caps RIGHT at 0)",
+              -1);
+  args.option("softcap", &softcap, "scores become SOFTCAP tanh(s / SOFTCAP) (Gemma 2); 0: raw scores", 0.0);
   args.flag("default-only", &default_only, "run only the default configuration (mxfp8, block32, ceil, document, rowcol)");
   args.flag("compare-routes", &compare_routes,
             "run only the routes side by side: mxfp8 and nvfp4_mixed, each without and with the Hadamard rotation");
@@ -84,17 +93,26 @@ int run_numerics_command(int argc, char** argv) {
   if (kv_heads == 0) kv_heads = heads;
   if (heads % kv_heads != 0) throw UsageError("--heads must be a positive multiple of --kv-heads");
 
-  const reference::AttentionShape shape{.causal = !non_causal};
+  if (window.size() != 2) throw UsageError("--window expects LEFT,RIGHT (two integers, each >= -1)");
+  const reference::AttentionShape shape{
+      .causal = !non_causal, .window_left = window[0], .window_right = window[1], .softcap = softcap};
   std::vector<NumericsOptions> configs;
   for (const auto& c : compare_routes ? analysis::route_comparison_configs() : analysis::default_numerics_configs())
     if (shape.causal || c.isolation != Isolation::kPrefix) configs.push_back(c);
   if (default_only) configs.resize(1);  // the first configuration is the default route
-  // Every configuration's rules for this head dim (the core's, as in every call), before any runs.
-  for (const NumericsOptions& c : configs) {
-    if (const std::optional<std::string> e = options_error({.shape = shape, .numerics = c}, dim)) {
-      throw UsageError("configuration " + analysis::config_name(c) + ": " + *e +
-                       (default_only ? "" : "; --default-only runs the default configuration alone"));
+  // Every configuration's rules for this head dim (the core's, as in every call), before any runs:
+  // the first (the default route, which --check judges) must hold; another that this head dim does
+  // not fit (Hadamard blocks, NVFP4 blocks) is left out and named.
+  std::vector<std::string> left_out;
+  for (size_t i = 0; i < configs.size();) {
+    const std::optional<std::string> e = options_error({.shape = shape, .numerics = configs[i]}, dim);
+    if (!e) {
+      ++i;
+      continue;
     }
+    if (i == 0) throw UsageError("configuration " + analysis::config_name(configs[i]) + ": " + *e);
+    left_out.push_back(analysis::config_name(configs[i]) + " (" + *e + ")");
+    configs.erase(configs.begin() + ptrdiff_t(i));
   }
   const std::vector<analysis::NumericsStep> steps = analysis::numerics_steps(configs, shape);
   // Sized before anything is allocated: a run over the limits is refused at once.
@@ -103,6 +121,7 @@ int run_numerics_command(int argc, char** argv) {
   if (lengths.empty()) lengths.assign(docs, len);  // known to fit now
 
   const ProgressLog log(quiet);
+  for (const std::string& config : left_out) log("left out: " + config);
   log("estimated: " + format_seconds(estimate.seconds()) + ", " + format_bytes(estimate.bytes) + " of memory");
   std::vector<analysis::NumericsRow> rows;
   {
@@ -134,12 +153,24 @@ int run_numerics_command(int argc, char** argv) {
           json_number(s.u_zero_fraction()).c_str(), (long long)s.saturated_q, (long long)s.saturated_k,
           (long long)s.saturated_v, (long long)s.saturated_g, (long long)s.saturated_p, (long long)s.saturated_u);
     }
+    std::printf("], \"left_out\": [");
+    for (size_t i = 0; i < left_out.size(); ++i) std::printf("%s%s", i ? ", " : "", json_string(left_out[i]).c_str());
     std::printf("], \"meets_bars\": %s}\n", json_bool(bars).c_str());
   } else {
     std::string ls;
     for (int n : lengths) ls += (ls.empty() ? "" : ",") + std::to_string(n);
-    std::printf("numerics vs FP64: documents [%s], %s, heads %d/%d, D = %d, seed %llu\n\n", ls.c_str(),
-                shape.causal ? "causal" : "non-causal", heads, kv_heads, dim, (unsigned long long)seed);
+    std::string mask = shape.causal ? "causal" : "non-causal";
+    if (shape.windowed())
+      mask += ", window (" + std::to_string(shape.window_left) + ", " + std::to_string(shape.window_right) + ")";
+    if (shape.softcap > 0) {
+      char cap[48];
+      std::snprintf(cap, sizeof cap, ", softcap %g", shape.softcap);
+      mask += cap;
+    }
+    std::printf("numerics vs FP64: documents [%s], %s, heads %d/%d, D = %d, seed %llu\n", ls.c_str(), mask.c_str(),
+                heads, kv_heads, dim, (unsigned long long)seed);
+    for (const std::string& config : left_out) std::printf("left out: %s\n", config.c_str());
+    std::printf("\n");
     std::printf("| route       | hadamard | isolation | geometry | rule  | U scale  | backward      | tensor | cosine    | rel L2    | max abs  | row res max | row res rms | U zero frac | saturated q/k/v/dO/P/U |\n");
     std::printf("|-------------|----------|-----------|----------|-------|----------|---------------|--------|-----------|-----------|----------|-------------|-------------|-------------|------------------------|\n");
     for (const auto& r : rows) {

@@ -25,6 +25,8 @@ int run_probe_command(int argc, char** argv) {
   analysis::ProbeOptions o;
   bool json = false, quiet = false, force = false;
   std::string geometry = "block32", rule = "ceil", route = "mxfp8";
+  int window_left = -1;
+  double softcap = 0.0;
   ArgParser args("probe",
                  "Suffix-perturbation probe of the CPU emulation (docs/DESIGN.md §3). Packs three documents\n"
                  "[A, B, C], changes B after position i (suffix control) or changes and moves A and C\n"
@@ -39,6 +41,8 @@ int run_probe_command(int argc, char** argv) {
   args.option("geometry", &geometry, "scale groups of loaded operands: block32 or token");
   args.option("rule", &rule, "scale exponent rule: ceil or floor");
   args.option("route", &route, "mxfp8, or nvfp4_mixed (S on NVFP4 Q and K, the other products as mxfp8)");
+  args.option("window", &window_left, "LEFT: query i sees the keys i - LEFT .. i (a causal sliding window); -1: all", -1);
+  args.option("softcap", &softcap, "scores become SOFTCAP tanh(s / SOFTCAP); 0: raw scores", 0.0);
   args.flag("hadamard", &o.hadamard,
             "rotate Q and K before quantizing (normalized Walsh-Hadamard in blocks of 128 features, or of 64 when "
             "--dim is not a multiple of 128; --dim a multiple of 64)");
@@ -52,6 +56,8 @@ int run_probe_command(int argc, char** argv) {
   o.scale_rule = parse_flag<ScaleRule>("--rule", rule);
   o.route = parse_flag<Route>("--route", route);
   usage_check([&] { analysis::check_probe_options(o); });
+  const reference::AttentionShape shape{.causal = true, .window_left = window_left, .softcap = softcap};
+  usage_check([&] { check_options({.shape = shape}, o.head_dim); });
   // Sized before anything is allocated: a run over the limits is refused at once.
   const RunEstimate estimate = estimate_probe(o.lengths, o.other_document_growth, o.q_heads, o.kv_heads, o.head_dim);
   refuse_if_too_large(estimate, force, "--lengths, --heads, --dim");
@@ -61,7 +67,8 @@ int run_probe_command(int argc, char** argv) {
   std::vector<analysis::ProbeCase> cases;
   {
     StepProgress steps(log, quiet, estimate.step_seconds);
-    cases = analysis::run_probe(o, [&](const std::string& step) { steps.step(step); });
+    cases = analysis::run_probe(o, [&](const std::string& step) { steps.step(step); },
+                                analysis::emulated_probe_call_for(shape));
   }
   std::string why;
   const bool ok = analysis::probe_passes(cases, &why);
@@ -78,9 +85,12 @@ int run_probe_command(int argc, char** argv) {
     }
     std::printf("], \"pass\": %s}\n", json_bool(ok).c_str());
   } else {
-    std::printf("isolation probe: documents %d,%d,%d, i = %d, heads %d/%d, D = %d, %s%s, %s/%s, seed %llu\n\n",
+    std::printf("isolation probe: documents %d,%d,%d, i = %d, heads %d/%d, D = %d, %s%s, %s/%s, seed %llu",
                 o.lengths[0], o.lengths[1], o.lengths[2], o.position, o.q_heads, o.kv_heads, o.head_dim, route.c_str(),
                 o.hadamard ? "+hadamard" : "", geometry.c_str(), rule.c_str(), (unsigned long long)o.seed);
+    if (window_left >= 0) std::printf(", window %d", window_left);
+    if (softcap > 0) std::printf(", softcap %g", softcap);
+    std::printf("\n\n");
     std::printf("| mode     | control        | tensor | max abs change | bitwise equal | changed / compared |\n");
     std::printf("|----------|----------------|--------|----------------|---------------|--------------------|\n");
     for (const auto& c : cases) {

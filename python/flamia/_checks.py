@@ -33,3 +33,17 @@ def check_document_lengths(op, lens, total_tokens):
             raise ValueError(f"flamia.{op}: document lengths must be >= 0, got lens[{i}] = {n}")
     if sum(lens) != total_tokens:
         raise ValueError(f"flamia.{op}: document lengths sum to {sum(lens)}, but q holds {total_tokens} tokens")
+
+
+def check_hf_attention_kwargs(name, key_length, kwargs):
+    """Raise ValueError for a transformers attention call that asks for what the kernels do not
+    serve, rather than dropping it: a sliding window that binds (transformers' own flash-attention
+    path applies ``sliding_window`` only when the keys outnumber it, as here) and logit soft-capping
+    (Gemma 2's ``softcap``)."""
+    window = kwargs.get("sliding_window")
+    if window is not None and key_length > window:
+        raise ValueError(f"{name}: sliding-window attention is not served (sliding_window={window} on rows of "
+                         f"{key_length} tokens); the kernels attend to the whole causal document")
+    softcap = kwargs.get("softcap")
+    if softcap:
+        raise ValueError(f"{name}: logit soft-capping is not served (softcap={softcap}); the kernels take raw scores")

@@ -17,7 +17,8 @@ The attention function takes the model's [batch, heads, seq, dim] tensors (K/V w
 unrepeated heads: GQA and MQA go to the kernel as they are), packs them into [T, H, D], and returns
 [batch, seq, heads, dim]. Inputs that are not BF16 (an FP32 model without autocast) are cast to
 BF16 for the kernel and the output is cast back. Not supported, with a clear error: padding masks,
-attention dropout, and a KV cache (generation); flamia is a training kernel.
+attention dropout, a KV cache (generation; flamia is a training kernel), a sliding window that
+binds (``sliding_window`` shorter than the rows) and logit soft-capping (``softcap``).
 
 ``register_packed_attention(name, fn)`` is the general mechanism: any ``fn(q, k, v, cu_seqlens,
 max_seqlen, softmax_scale) -> o`` over packed [T, H, D] tensors becomes a transformers attention
@@ -27,7 +28,7 @@ and its deliberately leaky control this way).
 
 import torch
 
-from . import ops
+from . import _checks, ops
 
 __all__ = ["register", "register_packed_attention", "packed_boundaries"]
 
@@ -65,6 +66,7 @@ def _attention_function(packed_fn, name):
         if dropout:
             raise ValueError(f"{name}: attention dropout is not supported (got dropout={dropout})")
         batch, q_heads, length, dim = query.shape
+        _checks.check_hf_attention_kwargs(name, key.shape[2], kwargs)
         if key.shape[2] != length:
             raise ValueError(f"{name}: queries and keys must have the same length (self-attention without a KV "
                              f"cache; pass use_cache=False), got {length} and {key.shape[2]}")

@@ -8,9 +8,16 @@
 
 namespace flamia::analysis {
 
+ProbeCall emulated_probe_call_for(const reference::AttentionShape& shape) {
+  if (!shape.causal) throw std::invalid_argument("the isolation probe runs causal calls");
+  return [shape](const AttentionInputs& in, const NumericsOptions& opt) {
+    auto call = reference::mxfp8_training(in.q, in.k, in.v, in.dout, in.docs, shape, opt);
+    return ProbeOutputs{std::move(call.fwd.o), std::move(call.fwd.lse), std::move(call.grads.dq)};
+  };
+}
+
 ProbeOutputs emulated_probe_call(const AttentionInputs& in, const NumericsOptions& opt) {
-  auto call = reference::mxfp8_training(in.q, in.k, in.v, in.dout, in.docs, {.causal = true}, opt);
-  return {std::move(call.fwd.o), std::move(call.fwd.lse), std::move(call.grads.dq)};
+  return emulated_probe_call_for({.causal = true})(in, opt);
 }
 
 namespace {

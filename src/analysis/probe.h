@@ -49,6 +49,9 @@ struct ProbeOutputs {
 // GPU implementation in the GPU tests.
 using ProbeCall = std::function<ProbeOutputs(const AttentionInputs&, const NumericsOptions&)>;
 ProbeOutputs emulated_probe_call(const AttentionInputs& in, const NumericsOptions& options);
+// The emulated call under a causal shape with a window or soft-capped scores (the contract holds
+// for them too: a window only removes keys, and the cap transforms each score alone).
+ProbeCall emulated_probe_call_for(const reference::AttentionShape& shape);
 
 struct ProbeCase {
   Isolation mode;

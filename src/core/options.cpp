@@ -10,6 +10,13 @@ std::optional<std::string> options_error(const AttentionOptions& options, int he
   const double scale = options.shape.softmax_scale;
   if (!std::isfinite(scale) || scale < 0)
     return "softmax_scale must be finite and > 0, or 0 for the default 1/sqrt(head_dim); got " + std::to_string(scale);
+  const AttentionShape& shape = options.shape;
+  if (shape.window_left < -1 || shape.window_right < -1) {
+    return "window must be (left, right) with each >= 0, or -1 for no bound on that side; got (" +
+           std::to_string(shape.window_left) + ", " + std::to_string(shape.window_right) + ")";
+  }
+  if (!std::isfinite(shape.softcap) || shape.softcap < 0)
+    return "softcap must be finite and > 0, or 0 for raw scores; got " + std::to_string(shape.softcap);
   if (n.isolation == Isolation::kPrefix && !options.shape.causal)
     return "isolation=prefix needs causal=true: without a causal mask every query reads its future";
   if (n.isolation == Isolation::kPrefix && n.u_scale == UScaleGeometry::kSquare32) {

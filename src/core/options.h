@@ -94,11 +94,41 @@ struct NumericsOptions {
   }
 };
 
-// The mask and the softmax scale of a call.
+// The keys a query sees inside its document, [first, last] (document-local positions).
+struct KeyRange {
+  int first, last;
+  bool contains(int j) const { return first <= j && j <= last; }
+};
+
+// The mask, the softmax scale and the score transform of a call.
+// The window is flash_attn's window_size = (left, right): query i sees the keys j of its document
+// with i - left <= j <= i + right, -1 meaning no bound on that side; causal is the same as right = 0.
+// softcap > 0 replaces each score s = scale q.k by softcap tanh(s / softcap) (Gemma 2), with the
+// backward's dS taking the derivative's factor 1 - tanh^2.
+// Windows and softcap are served by the emulation and the FP64 reference; the kernels, and so the
+// C API, serve neither (docs/DESIGN.md §1).
 struct AttentionShape {
   bool causal = true;
   double softmax_scale = 0.0;  // 0 means 1/sqrt(head_dim)
+  int window_left = -1, window_right = -1;
+  double softcap = 0.0;  // 0: scores as they are
   double scale_for(int head_dim) const { return softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(double(head_dim)); }
+  bool windowed() const { return window_left >= 0 || (window_right >= 0 && !causal); }
+  // The keys of document-local query p in a document of len tokens (never empty: p sees itself).
+  KeyRange keys_of(int p, int len) const {
+    int last = causal ? p : len - 1;
+    if (window_right >= 0 && p + window_right < last) last = p + window_right;
+    const int first = window_left >= 0 && p - window_left > 0 ? p - window_left : 0;
+    return {first, last};
+  }
+  // The natural-log score from the unscaled product: scale q.k, soft-capped when asked.
+  double score(double scaled) const { return softcap > 0 ? softcap * std::tanh(scaled / softcap) : scaled; }
+  // d score / d (scale q.k) at a soft-capped score: 1 - tanh^2 (1 without softcap).
+  double score_slope(double capped) const {
+    if (softcap <= 0) return 1.0;
+    const double t = capped / softcap;
+    return 1.0 - t * t;
+  }
 };
 
 // Every option of one attention call. The C API's flamia_options converts into this type

@@ -80,9 +80,6 @@ void check_qkv(const char* fn, const PackedTensor& q, const PackedTensor& k, con
                                 " tokens but q has " + std::to_string(q.tokens));
 }
 
-// Keys visible to document-local query p: [0, last].
-int last_visible_key(int p, int len, bool causal) { return causal ? p : len - 1; }
-
 // Head h of one document of x, copied into the two panel layouts the products stream through
 // contiguously (in place, packed rows of one head sit H * D values apart, which for H * D * 8 a
 // multiple of 4 KiB puts every row on its own page and on the same cache sets):
@@ -111,20 +108,23 @@ DocHead load_head(const PackedTensor& x, int begin, int len, int h, bool want_by
   return out;
 }
 
-// A tile of kRows query rows p0 .. p0 + kRows - 1 of one head; rows past the document end have
-// last = -1 and see no key.
+// A tile of kRows query rows p0 .. p0 + kRows - 1 of one head: row r sees the keys [first[r],
+// last[r]] (AttentionShape::keys_of); rows past the document end have last = -1 and see no key.
+// The products run over keys 0 .. tile_last with the invisible pairs' weights 0.
 struct RowTile {
   int p0 = 0, n = 0;
-  int last[kRows];
+  int first[kRows], last[kRows];
   int common_last = 0, tile_last = -1;  // min and max of last over the tile
+  bool sees(int r, int j) const { return first[r] <= j && j <= last[r]; }
 };
 
-RowTile make_tile(int p0, int len, bool causal) {
+RowTile make_tile(int p0, int len, const AttentionShape& shape) {
   RowTile t;
   t.p0 = p0, t.n = std::min(kRows, len - p0);
   t.common_last = len;
   for (int r = 0; r < kRows; ++r) {
-    t.last[r] = r < t.n ? last_visible_key(p0 + r, len, causal) : -1;
+    const KeyRange keys = r < t.n ? shape.keys_of(p0 + r, len) : KeyRange{0, -1};
+    t.first[r] = keys.first, t.last[r] = keys.last;
     t.common_last = std::min(t.common_last, t.last[r]);
     t.tile_last = std::max(t.tile_last, t.last[r]);
   }
@@ -213,25 +213,28 @@ ForwardOutputs reference_forward(const PackedTensor& q, const PackedTensor& k, c
   parallel_for(int(tasks.size()), [&](int task) {
     const auto [doc, h, b0] = tasks[task];
     const int begin = docs.begin(doc), len = docs.length(doc), b1 = std::min(len, b0 + kRowBlock);
-    const int g = h / group, keys = shape.causal ? b1 : len;  // the keys these rows see
+    const int g = h / group, keys = shape.keys_of(b1 - 1, len).last + 1;  // the keys these rows see
     const DocHead kh = load_head(k, begin, keys, g, true, false), vh = load_head(v, begin, keys, g, false, true);
     const int dp = kh.dp, ld = kh.ld;
     TileRows qt(D, dp);
     std::vector<double> s(size_t(ld) * kRows), acc(size_t(kRows) * dp);  // s: [key][row]
     for (int p0 = b0; p0 < b1; p0 += kRows) {
-      const RowTile t = make_tile(p0, len, shape.causal);
+      const RowTile t = make_tile(p0, len, shape);
       qt.load(q, begin, t, h, dp);
       scores(qt.cols, kh, round_up(t.tile_last + 1, kCols), s.data());
       double m[kRows], l[kRows];
       for (int r = 0; r < kRows; ++r) {
         m[r] = -kInf;
-        for (int j = 0; j <= t.last[r]; ++j) m[r] = std::max(m[r], s[size_t(j) * kRows + r] *= scale);
+        for (int j = t.first[r]; j <= t.last[r]; ++j) {
+          double& x = s[size_t(j) * kRows + r];
+          m[r] = std::max(m[r], x = shape.score(x * scale));
+        }
         // A non-finite max would turn into inf - inf; 0 lets inf/NaN logits propagate instead.
         if (!std::isfinite(m[r])) m[r] = 0.0;
         l[r] = 0.0;
         for (int j = 0; j <= t.tile_last; ++j) {
           double& e = s[size_t(j) * kRows + r];
-          e = j <= t.last[r] ? std::exp(e - m[r]) : 0.0;
+          e = t.sees(r, j) ? std::exp(e - m[r]) : 0.0;
           l[r] += e;
         }
       }
@@ -278,7 +281,7 @@ Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const
     for (int h = g * group; h < (g + 1) * group; ++h) {
       for (int c0 = 0; c0 < len; c0 += kChunkRows) {
         const int c1 = std::min(len, c0 + kChunkRows), tiles = (c1 - c0 + kRows - 1) / kRows;
-        auto tile_at = [&](int i) { return make_tile(c0 + i * kRows, len, shape.causal); };
+        auto tile_at = [&](int i) { return make_tile(c0 + i * kRows, len, shape); };
 
         parallel_for((tiles + kTaskTiles - 1) / kTaskTiles, [&](int task) {  // (A)
           TileRows qt(D, dp), gt(D, dp);
@@ -303,9 +306,10 @@ Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const
               for (int j = 0; j <= t.tile_last; ++j) {
                 double& pj = p[size_t(j) * kRows + r];
                 double& dsj = ds[size_t(j) * kRows + r];
-                if (j <= t.last[r]) {
-                  pj = std::exp(scale * pj - lse_r);
-                  dsj = scale * pj * (dsj - d_r);  // scale * dS
+                if (t.sees(r, j)) {
+                  const double s_ij = shape.score(scale * pj);
+                  pj = std::exp(s_ij - lse_r);
+                  dsj = scale * shape.score_slope(s_ij) * pj * (dsj - d_r);  // scale * dS
                 } else {
                   pj = dsj = 0.0;
                 }
@@ -316,7 +320,7 @@ Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const
           }
         });
 
-        const int keys = shape.causal ? c1 : len;  // the keys the chunk's rows see
+        const int keys = shape.keys_of(c1 - 1, len).last + 1;  // the keys the chunk's rows see
         parallel_for((keys + kKeyBlock - 1) / kKeyBlock, [&](int block) {  // (B)
           const int j0 = block * kKeyBlock, j1 = std::min(keys, j0 + kKeyBlock);
           TileRows qt(D, dp), gt(D, dp);

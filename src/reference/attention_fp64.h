@@ -1,12 +1,14 @@
 // Exact FP64 softmax attention over packed documents: the ground truth every route is measured against.
 //
 // Per document and query head h (reading kv head h / (Hq / Hkv)), for query i and the keys j of
-// its own document (j <= i when causal):
-//   s_ij = scale * q_i . k_j      (scale = shape.scale_for(D))
+// its own document that it sees (AttentionShape::keys_of: j <= i when causal, inside the window):
+//   s_ij = c(scale * q_i . k_j)  (scale = shape.scale_for(D); c the softcap, softcap tanh(x / softcap),
+//                                 or the identity)
 //   lse_i = log sum_j exp(s_ij)   (natural log, computed against the row max)
 //   O_i  = sum_j exp(s_ij - lse_i) v_j
 // Backward of L = sum(O * dout), rebuilding P from the given lse:
-//   P_ij = exp(s_ij - lse_i), D_i = dout_i . o_i, dP_ij = dout_i . v_j, dS_ij = P_ij (dP_ij - D_i)
+//   P_ij = exp(s_ij - lse_i), D_i = dout_i . o_i, dP_ij = dout_i . v_j,
+//   dS_ij = P_ij (dP_ij - D_i) c'(s_ij)  (c' = 1 - (s_ij / softcap)^2, or 1)
 //   dq_i = scale * sum_j dS_ij k_j
 //   dk_j = scale * sum_i dS_ij q_i   and   dv_j = sum_i P_ij dout_i   (summed over the query heads of a kv head)
 //

@@ -70,8 +70,17 @@ double round_fresh(double x, int64_t& saturated) {
   return formats::round_e4m3(x);
 }
 
-// Keys visible to document-local query p: [0, last] with last = p (causal) or len - 1.
-int last_visible_key(int p, int len, bool causal) { return causal ? p : len - 1; }
+// The last key that document-local query p sees (AttentionShape::keys_of).
+int last_visible_key(int p, int len, const AttentionShape& shape) { return shape.keys_of(p, len).last; }
+
+// A base-2 logit soft-capped as the natural-log score is (AttentionShape::score), and the cap's
+// derivative at it (AttentionShape::score_slope).
+double capped_logit2(const AttentionShape& shape, double logit2) {
+  return shape.softcap > 0 ? shape.score(logit2 / std::numbers::log2e) * std::numbers::log2e : logit2;
+}
+double logit2_slope(const AttentionShape& shape, double capped2) {
+  return shape.score_slope(capped2 / std::numbers::log2e);
+}
 
 // Base-2 logit of query p and key j with the Q and K scales factored out of the dot product.
 double logit2(const DocOperand& q, int p, const DocOperand& k, int j, double scale_log2e) {
@@ -220,14 +229,15 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
     const auto [doc, h, p0] = tasks[t];
     const int begin = docs.begin(doc), len = docs.length(doc), p1 = std::min(len, p0 + kRowBlock);
     const int kvh = kv_head_of(h, Hq, Hkv);
-    const int keys = shape.causal ? p1 : len;  // the keys these rows can see
+    const int keys = last_visible_key(p1 - 1, len, shape) + 1;  // the keys these rows can see
     // The score operands: E4M3 Q and K (MXFP8 route) or their NVFP4 codes (mixed route).
     const DocOperand q = mixed ? DocOperand{} : load(in.q, begin, p1, h);
     const PairOperand k = mixed ? PairOperand{} : load_pairs(in.k, in.k_interior, begin, keys, kvh);
     const Nvfp4DocOperand q4 = mixed ? load_nvfp4(in.q_score, begin, p1, h) : Nvfp4DocOperand{};
     const Nvfp4DocOperand k4 = mixed ? load_nvfp4(in.k_score, begin, keys, kvh) : Nvfp4DocOperand{};
     auto logit = [&](int p, int j) {
-      return mixed ? nvfp4_logit2(q4, p, k4, j, scale_log2e) : logit2(q, p, k.at(p, j), j, scale_log2e);
+      return capped_logit2(shape, mixed ? nvfp4_logit2(q4, p, k4, j, scale_log2e)
+                                        : logit2(q, p, k.at(p, j), j, scale_log2e));
     };
     const PairOperand v = load_pairs(in.v, in.v_interior, begin, len, kvh);
     RouteStats& st = task_stats[t];
@@ -241,11 +251,12 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
 
     std::vector<double> s(tiling::kFwdKeyTile), acc(D);
     for (int p = p0; p < p1; ++p) {
-      const int last = last_visible_key(p, len, shape.causal);
+      const KeyRange seen = shape.keys_of(p, len);
       double m = -kInf, l = 0.0;
       std::fill(acc.begin(), acc.end(), 0.0);
-      for (int kt = last / tiling::kFwdKeyTile; kt >= 0; --kt) {  // diagonal tile first
-        const int j0 = kt * tiling::kFwdKeyTile, j1 = std::min(j0 + tiling::kFwdKeyTile, last + 1);
+      for (int kt = seen.last / tiling::kFwdKeyTile; kt >= seen.first / tiling::kFwdKeyTile; --kt) {  // diagonal first
+        const int j0 = std::max(kt * tiling::kFwdKeyTile, seen.first);
+        const int j1 = std::min(kt * tiling::kFwdKeyTile + tiling::kFwdKeyTile, seen.last + 1);
         double m_new = m;
         for (int j = j0; j < j1; ++j) m_new = nan_max(m_new, s[j - j0] = logit(p, j));
         const double alpha = m == -kInf ? 0.0 : std::exp2(m - m_new);
@@ -348,11 +359,12 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
      // S from the forward's score codes: NVFP4 in the mixed route, where q and k (E4M3) serve dQ and dK only.
      const Nvfp4DocOperand q4 = mixed ? load_nvfp4(in.q_score, begin, len, h) : Nvfp4DocOperand{};
      auto logit = [&](int p, int j) {
-       return mixed ? nvfp4_logit2(q4, p, k4, j, scale_log2e) : logit2(q, p, k.at(p, j), j, scale_log2e);
+       return capped_logit2(shape, mixed ? nvfp4_logit2(q4, p, k4, j, scale_log2e)
+                                         : logit2(q, p, k.at(p, j), j, scale_log2e));
      };
      for (int c0 = 0; c0 < len; c0 += kChunkRows) {
       const int c1 = std::min(len, c0 + kChunkRows), tiles = (c1 - c0 + kQT - 1) / kQT;
-      const int keys = shape.causal ? c1 : len;  // the keys the chunk's rows see
+      const int keys = last_visible_key(c1 - 1, len, shape) + 1;  // the keys the chunk's rows see
       for (int r = 0; r < c1 - c0; ++r) {
         std::fill_n(&U[size_t(r) * len], keys, 0.0);
         std::fill_n(&PT[size_t(r) * len], keys, 0.0);
@@ -365,7 +377,7 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
         RouteStats& ts = tile_stats[tile];
         const int p0 = c0 + tile * kQT, rows = std::min(kQT, len - p0);
         for (int p = p0; p < p0 + rows; ++p) {
-          const int last = last_visible_key(p, len, shape.causal);
+          const KeyRange seen = shape.keys_of(p, len);
           const double lse2 = fwd.lse.at(h, begin + p) * std::numbers::log2e;
           const double* o = fwd.o.row(begin + p, h);
           double Di = 0.0;  // D_i from the reconstructed dO and the saved O
@@ -385,11 +397,11 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
           double row_residual = 0.0;
           double* u_row = &u_at(p, 0);
           double* pt_row = &PT[size_t(p - c0) * len];
-          for (int j = 0; j <= last; ++j) {
+          for (int j = seen.first; j <= seen.last; ++j) {
             const DocOperand& vj = v.at(p, j);
-            const double pij = std::exp2(logit(p, j) - lse2);
+            const double s2 = logit(p, j), pij = std::exp2(s2 - lse2);
             const double eij = dot(g.row(p), vj.row(j), D) * std::exp2(g.exponents[p] + vj.exponents[j]);
-            const double uij = pij * (eij - Di);
+            const double uij = pij * (eij - Di) * logit2_slope(shape, s2);
             u_row[j] = uij;
             row_residual += uij * scale;
             pt_row[j] = round_fresh(pij * std::exp2(boost + g.exponents[p] - gamma), ts.saturated_p);
@@ -407,7 +419,7 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
           ts.u_nonzero += uq.nonzero, ts.u_zeroed += uq.zeroed;
           for (int r = 0; r < rows; ++r)  // phase B reads the rounded U
             std::copy_n(&uq.values[size_t(r) * keys], keys, &u_at(p0 + r, 0));
-          const int last_col = last_visible_key(p0 + rows - 1, len, shape.causal);
+          const int last_col = last_visible_key(p0 + rows - 1, len, shape);
           for (int r = 0; r < rows; ++r) {
             double* dq = out.dq.row(begin + p0 + r, h);
             for (int j = 0; j <= last_col; ++j) {
@@ -457,11 +469,12 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
         }
         // dQ = U.K: fold K's per-key scale into U, one U scale per (row, key tile).
         for (int p = p0; p < p0 + rows; ++p) {
-          const int last = last_visible_key(p, len, shape.causal);
+          const KeyRange seen = shape.keys_of(p, len);
           const double* u_row = &u_at(p, 0);
           double* dq = out.dq.row(begin + p, h);
-          for (int j0 = 0; j0 <= last; j0 += kKT) {
-            const int j1 = std::min(j0 + kKT, last + 1);
+          // Key tiles from the first that the row sees (a window's earlier ones hold only zeros).
+          for (int j0 = seen.first - seen.first % kKT; j0 <= seen.last; j0 += kKT) {
+            const int j1 = std::min(j0 + kKT, seen.last + 1);
             double amax = 0.0;
             // The key tile is wholly interior or wholly at the frontier for the row (core/tiling.h).
             const DocOperand& kt = k.at(p, j0);
@@ -490,13 +503,13 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
         for (int p0 = c0; p0 < c1; p0 += kQT) {
           const int rows = std::min(kQT, len - p0);
           for (int p = p0; p < p0 + rows; ++p) {
-            const int last = last_visible_key(p, len, shape.causal);
+            const int last = last_visible_key(p, len, shape);
             for (int j = b0; j < std::min(b1, last + 1); ++j) {
               const double pt = PT[size_t(p - c0) * len + j];
               if (pt != 0.0) axpy(pt * dv_factor, g.row(p), &dv[size_t(j) * D], D);
             }
           }
-          const int last_col = std::min(b1 - 1, last_visible_key(p0 + rows - 1, len, shape.causal));
+          const int last_col = std::min(b1 - 1, last_visible_key(p0 + rows - 1, len, shape));
           for (int j = b0; j <= last_col; ++j) {
             if (squares) {
               for (int r = 0; r < rows; ++r) {

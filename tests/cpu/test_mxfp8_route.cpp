@@ -244,6 +244,64 @@ INSTANTIATE_TEST_SUITE_P(GeometryRuleHeads, IsolationProbe,
                                             ::testing::Values(ScaleRule::kCeil, ScaleRule::kFloor), ::testing::Values(4, 1)),
                          probe_param_name);
 
+// With a sliding window and soft-capped scores the contract holds as it does without: prefix mode
+// bitwise stable, the leak visible in document mode (the window, 96 keys back, still holds the
+// keys of the probed row's 32-token group).
+TEST(IsolationProbe, HoldsUnderASlidingWindowAndSoftcap) {
+  for (const AttentionShape& shape : {AttentionShape{.causal = true, .window_left = 96},
+                                      AttentionShape{.causal = true, .softcap = 5.0},
+                                      AttentionShape{.causal = true, .window_left = 40, .softcap = 5.0}}) {
+    SCOPED_TRACE("window " + std::to_string(shape.window_left) + ", softcap " + std::to_string(shape.softcap));
+    analysis::ProbeOptions o;
+    o.head_dim = 64;
+    const auto cases = analysis::run_probe(o, {}, analysis::emulated_probe_call_for(shape));
+    std::string why;
+    EXPECT_TRUE(analysis::probe_passes(cases, &why)) << why;
+  }
+}
+
+// Windowed and soft-capped calls meet the accuracy bars against the FP64 reference under the same
+// shape (both dQ reductions where causal), and a window's out-of-reach keys do not touch a row:
+// with per-token scales (no group spans the window's edge) changing K and V before row i's window
+// leaves O_i, LSE_i and dQ_i bitwise as they were.
+TEST(Mxfp8Route, WindowsAndSoftcapMeetTheBarsAndKeysOutsideTheWindowDoNotReachARow) {
+  const auto in = analysis::random_inputs({{700, 333}, 4, 2, 64}, 3);
+  for (const AttentionShape& shape : {AttentionShape{.causal = true, .window_left = 128},
+                                      AttentionShape{.causal = false, .window_left = 50, .window_right = 70},
+                                      AttentionShape{.causal = true, .softcap = 8.0},
+                                      AttentionShape{.causal = true, .window_left = 200, .softcap = 8.0}}) {
+    SCOPED_TRACE("causal " + std::to_string(shape.causal) + " window (" + std::to_string(shape.window_left) + ", " +
+                 std::to_string(shape.window_right) + ") softcap " + std::to_string(shape.softcap));
+    const auto rows = analysis::run_numerics(in, shape, {NumericsOptions{}});
+    ASSERT_EQ(rows.size(), shape.causal ? 10u : 5u);
+    for (const auto& r : rows) {
+      SCOPED_TRACE(r.tensor + " " + r.backward);
+      if (r.tensor == "o") EXPECT_GE(r.cmp.cosine, 0.998);
+      if (r.tensor == "dq" || r.tensor == "dk" || r.tensor == "dv") EXPECT_GE(r.cmp.cosine, 0.997);
+    }
+  }
+  const AttentionShape shape{.causal = true, .window_left = 100};
+  NumericsOptions token;
+  token.scale_geometry = ScaleGeometry::kToken;
+  token.dq_reduction = DqReduction::kDeterministic;
+  const TrainingOutputs base = mxfp8_training(in.q, in.k, in.v, in.dout, in.docs, shape, token);
+  const int row = 400;  // document 0; its window starts at key 300
+  analysis::AttentionInputs moved = in;
+  for (int j = 0; j < row - shape.window_left; ++j)
+    for (auto* x : {&moved.k, &moved.v})
+      for (int h = 0; h < x->heads; ++h)
+        for (int f = 0; f < x->dim; ++f) x->at(j, h, f) = -2.0 * x->at(j, h, f) + 0.5;
+  const TrainingOutputs after = mxfp8_training(moved.q, moved.k, moved.v, moved.dout, moved.docs, shape, token);
+  for (int h = 0; h < in.q.heads; ++h) {
+    EXPECT_EQ(base.fwd.lse.at(h, row), after.fwd.lse.at(h, row));
+    for (int f = 0; f < in.q.dim; ++f) {
+      EXPECT_EQ(base.fwd.o.at(row, h, f), after.fwd.o.at(row, h, f));
+      EXPECT_EQ(base.grads.dq.at(row, h, f), after.grads.dq.at(row, h, f));
+    }
+  }
+  EXPECT_NE(base.fwd.o.at(250, 0, 0), after.fwd.o.at(250, 0, 0));  // a row whose window holds them moves
+}
+
 // The default probed row reads prefix isolation's interior codes (keys kFrontierTiles tiles back),
 // so the probe covers both of K's and V's encodings.
 TEST(IsolationProbe, DefaultPositionReachesTheInteriorCodes) {

@@ -67,7 +67,57 @@ TEST(OptionsCheck, DefaultsAreValid) {
   EXPECT_EQ(NumericsOptions{}.p_boost_log2, kPBoostLog2Default);
 }
 
+// flash_attn's window_size on document-local positions: i - left <= j <= i + right, -1 unbounded,
+// causal capping the right side at i, and the document's ends capping both.
+TEST(AttentionShapeKeys, WindowsAsFlashAttentionDefinesThem) {
+  const auto keys = [](AttentionShape s, int p, int len) {
+    const KeyRange r = s.keys_of(p, len);
+    return std::pair{r.first, r.last};
+  };
+  EXPECT_EQ(keys({.causal = true}, 5, 10), std::pair(0, 5));
+  EXPECT_EQ(keys({.causal = false}, 5, 10), std::pair(0, 9));
+  EXPECT_EQ(keys({.causal = true, .window_left = 2}, 5, 10), std::pair(3, 5));
+  EXPECT_EQ(keys({.causal = true, .window_left = 2}, 1, 10), std::pair(0, 1));
+  EXPECT_EQ(keys({.causal = true, .window_left = 0}, 5, 10), std::pair(5, 5));
+  EXPECT_EQ(keys({.causal = true, .window_left = 2, .window_right = 3}, 5, 10), std::pair(3, 5));  // causal caps
+  EXPECT_EQ(keys({.causal = false, .window_left = 2, .window_right = 3}, 5, 10), std::pair(3, 8));
+  EXPECT_EQ(keys({.causal = false, .window_left = 2, .window_right = 3}, 8, 10), std::pair(6, 9));
+  EXPECT_EQ(keys({.causal = false, .window_left = -1, .window_right = 0}, 8, 10), std::pair(0, 8));
+  EXPECT_TRUE((AttentionShape{.causal = true, .window_left = 4}).windowed());
+  EXPECT_FALSE((AttentionShape{.causal = true, .window_right = 4}).windowed());  // causal: no bound added
+  EXPECT_TRUE((AttentionShape{.causal = false, .window_right = 4}).windowed());
+  EXPECT_FALSE(AttentionShape{}.windowed());
+}
+
+TEST(AttentionShapeScores, SoftcapAndItsSlope) {
+  const AttentionShape capped{.softcap = 2.0}, raw{};
+  EXPECT_EQ(raw.score(7.5), 7.5);
+  EXPECT_EQ(raw.score_slope(7.5), 1.0);
+  EXPECT_DOUBLE_EQ(capped.score(1.0), 2.0 * std::tanh(0.5));
+  EXPECT_LT(capped.score(5.0), 2.0);
+  EXPECT_LE(capped.score(1000.0), 2.0);
+  const double x = 0.7, h = 1e-6;  // the slope is d score / dx, at the capped score
+  EXPECT_NEAR(capped.score_slope(capped.score(x)), (capped.score(x + h) - capped.score(x - h)) / (2 * h), 1e-9);
+}
+
 TEST(OptionsCheck, RefusesWhatCannotBeHonouredTogether) {
+  for (auto [left, right] : {std::pair{-2, 0}, std::pair{0, -5}}) {
+    AttentionOptions o;
+    o.shape.window_left = left, o.shape.window_right = right;
+    EXPECT_NE(error_of(o, 64).find("window must be (left, right) with each >= 0, or -1"), std::string::npos);
+  }
+  for (double cap : {-1.0, double(INFINITY), double(NAN)}) {
+    AttentionOptions o;
+    o.shape.softcap = cap;
+    EXPECT_NE(error_of(o, 64).find("softcap must be finite and > 0, or 0"), std::string::npos) << cap;
+  }
+  {
+    AttentionOptions o;
+    o.shape.window_left = 0, o.shape.softcap = 30.0;
+    o.numerics.isolation = Isolation::kPrefix;
+    EXPECT_EQ(error_of(o, 64), "");  // a window and a cap keep prefix isolation's contract
+  }
+
   AttentionOptions prefix_non_causal;
   prefix_non_causal.shape.causal = false;
   prefix_non_causal.numerics.isolation = Isolation::kPrefix;

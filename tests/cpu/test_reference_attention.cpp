@@ -39,10 +39,14 @@ ForwardOutputs naive_forward(const PackedTensor& q, const PackedTensor& k, const
     const int kvh = h / group;
     for (int i = 0; i < T; ++i)
       for (int j = 0; j < T; ++j) {
-        const bool visible = docs.document_of(i) == docs.document_of(j) && (!shape.causal || j <= i);
+        // flash_attn's window_size, on token positions (the same offsets as inside the document).
+        const bool in_window = (shape.window_left < 0 || j >= i - shape.window_left) &&
+                               (shape.window_right < 0 || j <= i + shape.window_right);
+        const bool visible = docs.document_of(i) == docs.document_of(j) && (!shape.causal || j <= i) && in_window;
         double dot = 0.0;
         for (int f = 0; f < D; ++f) dot += q.at(i, h, f) * k.at(j, kvh, f);
-        s[size_t(i) * T + j] = visible ? scale * dot : -std::numeric_limits<double>::infinity();
+        const double score = shape.softcap > 0 ? shape.softcap * std::tanh(scale * dot / shape.softcap) : scale * dot;
+        s[size_t(i) * T + j] = visible ? score : -std::numeric_limits<double>::infinity();
       }
     for (int i = 0; i < T; ++i) {
       const double* row = &s[size_t(i) * T];
@@ -100,6 +104,38 @@ TEST(ReferenceAttention, ForwardMatchesDenseMaskedSoftmax) {
   }
 }
 
+// Sliding windows (causal and not, one side or both) and soft-capped scores.
+std::vector<AttentionShape> windowed_and_capped_shapes() {
+  return {{.causal = true, .window_left = 3},
+          {.causal = true, .window_left = 0},
+          {.causal = false, .window_left = 2, .window_right = 4},
+          {.causal = false, .window_left = -1, .window_right = 1},
+          {.causal = true, .softcap = 1.5},
+          {.causal = false, .softcap = 0.8},
+          {.causal = true, .window_left = 5, .softcap = 2.0}};
+}
+std::string name_of(const AttentionShape& s) {
+  return std::string(s.causal ? "causal" : "non-causal") + " window (" + std::to_string(s.window_left) + ", " +
+         std::to_string(s.window_right) + ") softcap " + std::to_string(s.softcap);
+}
+
+TEST(ReferenceAttention, WindowsAndSoftcapMatchDenseMaskedSoftmax) {
+  const int lengths[] = {5, 1, 13, 0, 9};
+  const Documents docs = Documents::from_lengths(lengths);
+  const int T = docs.total_tokens();
+  uint64_t seed = 61;
+  for (const AttentionShape& shape : windowed_and_capped_shapes()) {
+    SCOPED_TRACE(name_of(shape));
+    // Large logits, so that the cap binds (scores of tens against a cap of 1-2).
+    const PackedTensor q = random_tensor(T, 4, 8, seed++, 3.0), k = random_tensor(T, 2, 8, seed++, 3.0),
+                       v = random_tensor(T, 2, 8, seed++);
+    const ForwardOutputs got = reference_forward(q, k, v, docs, shape), want = naive_forward(q, k, v, docs, shape);
+    for (size_t i = 0; i < want.o.size(); ++i) ASSERT_NEAR(got.o.data[i], want.o.data[i], 1e-13) << "o[" << i << "]";
+    for (size_t i = 0; i < want.lse.data.size(); ++i)
+      ASSERT_NEAR(got.lse.data[i], want.lse.data[i], 1e-13) << "lse[" << i << "]";
+  }
+}
+
 TEST(ReferenceAttention, ForwardHonoursExplicitScaleAndLargeLogits) {
   const int lengths[] = {3, 11, 6};
   const Documents docs = Documents::from_lengths(lengths);
@@ -146,9 +182,11 @@ TEST(ReferenceAttention, GradientsMatchCentralDifferences) {
   const Documents docs = Documents::from_lengths(lengths);
   const int T = docs.total_tokens(), Hq = 4, Hkv = 2, D = 4;
   const double h = 1e-6;
-  for (bool causal : {true, false}) {
-    SCOPED_TRACE(causal ? "causal" : "non-causal");
-    const AttentionShape shape{causal, 0.0};
+  std::vector<AttentionShape> shapes = {{.causal = true}, {.causal = false}};
+  for (const AttentionShape& s : windowed_and_capped_shapes()) shapes.push_back(s);
+  for (const AttentionShape& shape : shapes) {
+    const bool causal = shape.causal;
+    SCOPED_TRACE(name_of(shape));
     PackedTensor q = random_tensor(T, Hq, D, 21), k = random_tensor(T, Hkv, D, 22), v = random_tensor(T, Hkv, D, 23);
     const PackedTensor w = random_tensor(T, Hq, D, 24);
     const ForwardOutputs fwd = reference_forward(q, k, v, docs, shape);
@@ -170,8 +208,9 @@ TEST(ReferenceAttention, GradientsMatchCentralDifferences) {
       }
       std::ostringstream worst_text;
       worst_text << std::scientific << worst;
-      RecordProperty(std::string("worst_relative_error_d") + name + (causal ? "_causal" : "_noncausal"),
-                     worst_text.str());
+      if (!shape.windowed() && shape.softcap == 0)
+        RecordProperty(std::string("worst_relative_error_d") + name + (causal ? "_causal" : "_noncausal"),
+                       worst_text.str());
     };
     check(q, grads.dq, "q");
     check(k, grads.dk, "k");

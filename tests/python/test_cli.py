@@ -242,19 +242,52 @@ def test_huge_document_counts_are_refused_from_the_arguments_alone(args, message
     assert message in refused(*args)
 
 
-@pytest.mark.parametrize("args", [
-    ["numerics", "--dim", "100"],
-    ["numerics", "--dim", "100", "--compare-routes"],
-    ["numerics", "--dim", "96", "--docs", "1", "--len", "8"],
+@pytest.mark.parametrize("dim, left_out", [
+    (96, ["mxfp8+hadamard", "nvfp4_mixed+hadamard"]),
+    (100, ["mxfp8+hadamard", "nvfp4_mixed", "nvfp4_mixed+hadamard"]),
 ])
-def test_numerics_checks_every_configuration_against_the_head_dim_before_running(args):
-    dim = args[2]
-    message = refused(*args)
-    assert (f"configuration mxfp8+hadamard document/block32/ceil/u=rowcol: hadamard=true needs head_dim a multiple "
-            f"of 64, got {dim}; --default-only runs the default configuration alone") in message
+def test_numerics_leaves_out_the_configurations_a_head_dim_does_not_fit_and_says_so_first(dim, left_out):
+    out = run("numerics", "--dim", str(dim), "--docs", "1", "--len", "8", "--heads", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    named = [entry.split(" ")[0] for entry in result["left_out"]]
+    assert named == left_out, result["left_out"]
+    assert all(f"got {dim})" in entry for entry in result["left_out"])
+    run_routes = {(r["route"] + ("+hadamard" if r["hadamard"] else "")) for r in result["rows"]}
+    assert not run_routes & set(left_out) and "mxfp8" in run_routes
+    # Named before the estimate, so before any work.
+    assert out.stderr.index("left out: ") < out.stderr.index("estimated:")
 
 
-def test_numerics_runs_the_default_route_alone_on_a_head_dim_the_others_refuse():
+def test_numerics_window_and_softcap_meet_the_bars_and_are_named_in_the_table():
+    out = run("numerics", "--window", "40,0", "--softcap", "5", "--default-only", "--docs", "2", "--len", "160",
+              "--heads", "2", "--dim", "64", "--check", "--quiet")
+    assert out.returncode == 0, out.stdout
+    assert "causal, window (40, 0), softcap 5," in out.stdout
+    assert "accuracy bars (default route, cosine: O >= 0.998, dQ/dK/dV >= 0.997): met" in out.stdout
+
+
+def test_probe_passes_under_a_sliding_window_and_softcap():
+    out = run("probe", "--dim", "64", "--window", "96", "--softcap", "5", "--quiet")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert ", window 96, softcap 5" in out.stdout and "PASS" in out.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["probe", "--window", "-3"], "--window expects an integer from -1"),
+    (["probe", "--softcap", "inf"], "--softcap expects a finite number >= 0, got 'inf'"),
+    (["numerics", "--window", "5"], "--window expects LEFT,RIGHT (two integers, each >= -1)"),
+    (["numerics", "--window", "1,2,3"], "--window expects LEFT,RIGHT"),
+    (["numerics", "--window", "-2,0"], "--window expects a comma-separated list of integers from -1"),
+    (["numerics", "--softcap", "-1"], "--softcap expects a finite number >= 0, got '-1'"),
+    (["numerics", "--softcap", "nan"], "--softcap expects a finite number >= 0, got 'nan'"),
+    (["numerics", "--softcap", "3x"], "--softcap expects a finite number >= 0, got '3x'"),
+])
+def test_bad_windows_and_softcaps_are_refused_at_once(args, message):
+    assert message in refused(*args)
+
+
+def test_numerics_default_only_runs_the_default_route_alone_on_any_head_dim():
     out = run("numerics", "--default-only", "--dim", "100", "--docs", "1", "--len", "40", "--heads", "1", "--json",
               "--quiet")
     assert out.returncode == 0, out.stderr

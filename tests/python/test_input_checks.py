@@ -1,13 +1,14 @@
 """Python-side argument checks that need neither torch nor a GPU: the explicit softmax scale (the C
 API reads +0 as "default", so Python never passes 0 for an explicit value), num_docs and
 max_seqlen fitting the C int32 fields, the backward ops' device checks (the helper on fake
-tensors, and its calls in ops.py), and the FP64 reference's document lengths (cu_seqlens passed in
-their place are named)."""
+tensors, and its calls in ops.py), the FP64 reference's document lengths (cu_seqlens passed in
+their place are named), and the transformers options the kernels do not serve (refused, not dropped)."""
 
 import ast
 import ctypes
 import math
 import pathlib
+import re
 import sys
 import types
 
@@ -17,7 +18,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
 
 from flamia import _capi  # noqa: E402
-from flamia._checks import check_devices, check_document_lengths  # noqa: E402
+from flamia._checks import check_devices, check_document_lengths, check_hf_attention_kwargs  # noqa: E402
 
 
 @pytest.mark.parametrize("value", [0, 0.0, -0.0, -1.0, -1e-50, math.nan, math.inf, -math.inf])
@@ -154,3 +155,26 @@ def test_the_reference_names_cu_seqlens_passed_as_lengths():
     assert o.shape == (7, 2, 8) and lse.shape == (2, 7)
     with pytest.raises(TypeError):
         reference.attention(q, k, v, [3.5, 3.5])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"sliding_window": 4096}, "sliding-window attention is not served (sliding_window=4096 on rows of 8192 tokens)"),
+    ({"sliding_window": 0}, "sliding_window=0"),
+    ({"softcap": 50.0}, "logit soft-capping is not served (softcap=50.0)"),
+    ({"sliding_window": None, "softcap": 30}, "softcap=30"),
+])
+def test_hf_attention_refuses_windows_that_bind_and_softcap(kwargs, message):
+    with pytest.raises(ValueError, match="^flamia: .*" + re.escape(message)):
+        check_hf_attention_kwargs("flamia", 8192, kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"sliding_window": None, "softcap": None}, {"sliding_window": 8192},
+                                    {"sliding_window": 10000, "softcap": 0.0}, {"position_ids": None}])
+def test_hf_attention_accepts_windows_that_do_not_bind_and_no_softcap(kwargs):
+    check_hf_attention_kwargs("flamia", 8192, kwargs)  # a window at least as long as the rows changes nothing
+
+
+def test_hf_attention_checks_its_kwargs_before_packing():
+    source = (REPO / "python" / "flamia" / "hf.py").read_text()
+    body = source[source.index("def attention_forward"):source.index("cu, max_len = packed_boundaries")]
+    assert "_checks.check_hf_attention_kwargs(name, key.shape[2], kwargs)" in body
