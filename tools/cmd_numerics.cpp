@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -39,6 +40,7 @@ bool default_config_meets_bars(const std::vector<analysis::NumericsRow>& rows, s
 
 int run_numerics_command(int argc, char** argv) {
   int docs = 2, len = 1024, heads = 4, kv_heads = 0, dim = 128;  // kv_heads 0: not given, as many as heads
+  int value_dim = 0;                                              // 0: not given, --dim
   std::vector<int> lengths, window = {-1, -1};
   double softcap = 0.0;
   uint64_t seed = 0;
@@ -61,6 +63,8 @@ int run_numerics_command(int argc, char** argv) {
               "head dimension (a configuration it does not fit is left out: the Hadamard rotation needs a multiple of "
               "64, nvfp4_mixed of 16)",
               1);
+  args.option("dv", &value_dim, "V's (and O's and dO's) head dimension, e.g. 128 with --dim 192 (MLA)", 1);
+  args.set_default_text("dv", "--dim");
   args.option("seed", &seed, "random seed of the inputs");
   args.flag("non-causal", &non_causal, "attend to the whole document (prefix mode is then skipped)");
   args.option("window", &window,
@@ -116,8 +120,10 @@ int run_numerics_command(int argc, char** argv) {
   }
   const std::vector<analysis::NumericsStep> steps = analysis::numerics_steps(configs, shape);
   // Sized before anything is allocated: a run over the limits is refused at once.
-  const RunEstimate estimate = estimate_numerics(sizes, heads, kv_heads, dim, shape.causal, steps);
-  refuse_if_too_large(estimate, force, "--docs, --len, --lengths, --heads, --dim");
+  if (value_dim == 0) value_dim = dim;
+  // Sized at the larger of the two head dims: a bound on both.
+  const RunEstimate estimate = estimate_numerics(sizes, heads, kv_heads, std::max(dim, value_dim), shape.causal, steps);
+  refuse_if_too_large(estimate, force, "--docs, --len, --lengths, --heads, --dim, --dv");
   if (lengths.empty()) lengths.assign(docs, len);  // known to fit now
 
   const ProgressLog log(quiet);
@@ -127,7 +133,7 @@ int run_numerics_command(int argc, char** argv) {
   {
     StepProgress progress(log, quiet, estimate.step_seconds);
     progress.step("generating inputs");
-    const auto inputs = analysis::random_inputs({lengths, heads, kv_heads, dim}, seed);
+    const auto inputs = analysis::random_inputs({lengths, heads, kv_heads, dim, value_dim}, seed);
     rows = analysis::run_numerics(inputs, shape, configs, [&](const std::string& step) { progress.step(step); });
   }
   log("done");
@@ -167,8 +173,10 @@ int run_numerics_command(int argc, char** argv) {
       std::snprintf(cap, sizeof cap, ", softcap %g", shape.softcap);
       mask += cap;
     }
-    std::printf("numerics vs FP64: documents [%s], %s, heads %d/%d, D = %d, seed %llu\n", ls.c_str(), mask.c_str(),
-                heads, kv_heads, dim, (unsigned long long)seed);
+    const std::string dims = value_dim == dim ? "D = " + std::to_string(dim)
+                                              : "D = " + std::to_string(dim) + ", Dv = " + std::to_string(value_dim);
+    std::printf("numerics vs FP64: documents [%s], %s, heads %d/%d, %s, seed %llu\n", ls.c_str(), mask.c_str(), heads,
+                kv_heads, dims.c_str(), (unsigned long long)seed);
     for (const std::string& config : left_out) std::printf("left out: %s\n", config.c_str());
     std::printf("\n");
     std::printf("| route       | hadamard | isolation | geometry | rule  | U scale  | backward      | tensor | cosine    | rel L2    | max abs  | row res max | row res rms | U zero frac | saturated q/k/v/dO/P/U |\n");

@@ -39,8 +39,8 @@ AttentionInputs random_inputs(const InputShape& s, uint64_t seed) {
   Documents docs = Documents::from_lengths(s.lengths);
   const int T = docs.total_tokens();
   AttentionInputs in{std::move(docs), reference::PackedTensor(T, s.q_heads, s.head_dim),
-                     reference::PackedTensor(T, s.kv_heads, s.head_dim), reference::PackedTensor(T, s.kv_heads, s.head_dim),
-                     reference::PackedTensor(T, s.q_heads, s.head_dim)};
+                     reference::PackedTensor(T, s.kv_heads, s.head_dim), reference::PackedTensor(T, s.kv_heads, s.dv()),
+                     reference::PackedTensor(T, s.q_heads, s.dv())};
   NormalRng rng(seed);
   for (auto* x : {&in.q, &in.k, &in.v, &in.dout}) fill_rows(*x, 0, T, rng);
   return in;

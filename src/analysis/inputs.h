@@ -20,6 +20,8 @@ struct AttentionInputs {
 struct InputShape {
   std::vector<int> lengths;
   int q_heads = 4, kv_heads = 4, head_dim = 128;
+  int value_dim = 0;  // V's and dO's (and O's) features; 0: head_dim
+  int dv() const { return value_dim > 0 ? value_dim : head_dim; }
 };
 
 AttentionInputs random_inputs(const InputShape& shape, uint64_t seed);

@@ -48,8 +48,15 @@ void check_tensor(const char* fn, const char* name, const PackedTensor& x) {
 void check_same_shape(const char* fn, const char* name, const PackedTensor& x, const PackedTensor& q) {
   check_tensor(fn, name, x);
   if (x.tokens != q.tokens || x.heads != q.heads || x.dim != q.dim)
-    throw std::invalid_argument(std::string(fn) + ": " + name + " must have the shape of q " + shape_of(q) + ", got " +
-                                shape_of(x));
+    throw std::invalid_argument(std::string(fn) + ": " + name + " must have the shape of q with v's head dim " +
+                                shape_of(q) + ", got " + shape_of(x));
+}
+
+// The shape of O and dO: q's tokens and heads with v's head dim.
+PackedTensor out_shape_of(const PackedTensor& q, const PackedTensor& v) {
+  PackedTensor shape;
+  shape.tokens = q.tokens, shape.heads = q.heads, shape.dim = v.dim;
+  return shape;
 }
 
 void check_qkv(const char* fn, const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
@@ -65,9 +72,6 @@ void check_qkv(const char* fn, const PackedTensor& q, const PackedTensor& k, con
                                 std::to_string(q.tokens));
   if (k.dim != q.dim)
     throw std::invalid_argument(std::string(fn) + ": k has head dim " + std::to_string(k.dim) + " but q has " +
-                                std::to_string(q.dim));
-  if (v.dim != q.dim)
-    throw std::invalid_argument(std::string(fn) + ": v has head dim " + std::to_string(v.dim) + " but q has " +
                                 std::to_string(q.dim));
   if (v.heads != k.heads)
     throw std::invalid_argument(std::string(fn) + ": v has " + std::to_string(v.heads) + " heads but k has " +
@@ -203,9 +207,9 @@ ForwardOutputs reference_forward(const PackedTensor& q, const PackedTensor& k, c
                                  const Documents& docs, const AttentionShape& shape) {
   static constexpr const char* kFn = "reference_forward";
   check_qkv(kFn, q, k, v, docs);
-  const int T = q.tokens, Hq = q.heads, Hkv = k.heads, D = q.dim, group = Hq / Hkv;
+  const int T = q.tokens, Hq = q.heads, Hkv = k.heads, D = q.dim, Dv = v.dim, group = Hq / Hkv;
   const double scale = shape.scale_for(D);
-  ForwardOutputs out{PackedTensor(T, Hq, D), HeadTokenTensor(Hq, T), {}};  // no p_max: the FP64 backward has no FP16 partials
+  ForwardOutputs out{PackedTensor(T, Hq, Dv), HeadTokenTensor(Hq, T), {}};  // no p_max: the FP64 backward has no FP16 partials
 
   // Rows are independent: one task per (document, query head, block of rows), so a long document
   // spreads over every core; each row's arithmetic is the same whatever the split.
@@ -215,9 +219,9 @@ ForwardOutputs reference_forward(const PackedTensor& q, const PackedTensor& k, c
     const int begin = docs.begin(doc), len = docs.length(doc), b1 = std::min(len, b0 + kRowBlock);
     const int g = h / group, keys = shape.keys_of(b1 - 1, len).last + 1;  // the keys these rows see
     const DocHead kh = load_head(k, begin, keys, g, true, false), vh = load_head(v, begin, keys, g, false, true);
-    const int dp = kh.dp, ld = kh.ld;
+    const int dp = kh.dp, ld = kh.ld, dpv = vh.dp;
     TileRows qt(D, dp);
-    std::vector<double> s(size_t(ld) * kRows), acc(size_t(kRows) * dp);  // s: [key][row]
+    std::vector<double> s(size_t(ld) * kRows), acc(size_t(kRows) * dpv);  // s: [key][row]
     for (int p0 = b0; p0 < b1; p0 += kRows) {
       const RowTile t = make_tile(p0, len, shape);
       qt.load(q, begin, t, h, dp);
@@ -241,7 +245,7 @@ ForwardOutputs reference_forward(const PackedTensor& q, const PackedTensor& k, c
       combine(s.data(), vh, t, acc.data());
       for (int r = 0; r < t.n; ++r) {
         double* o = out.o.row(begin + p0 + r, h);
-        for (int f = 0; f < D; ++f) o[f] = acc[size_t(r) * dp + f] / l[r];
+        for (int f = 0; f < Dv; ++f) o[f] = acc[size_t(r) * dpv + f] / l[r];
         out.lse.at(h, begin + p0 + r) = m[r] + std::log(l[r]);
       }
     }
@@ -254,15 +258,15 @@ Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const
                              const Documents& docs, const AttentionShape& shape) {
   static constexpr const char* kFn = "reference_backward";
   check_qkv(kFn, q, k, v, docs);
-  check_same_shape(kFn, "o", o, q);
-  check_same_shape(kFn, "dout", dout, q);
+  check_same_shape(kFn, "o", o, out_shape_of(q, v));
+  check_same_shape(kFn, "dout", dout, out_shape_of(q, v));
   if (lse.heads != q.heads || lse.tokens != q.tokens || lse.data.size() != size_t(lse.heads) * size_t(lse.tokens))
     throw std::invalid_argument(std::string(kFn) + ": lse must be [Hq, T] = [" + std::to_string(q.heads) + ", " +
                                 std::to_string(q.tokens) + "] with as many values, got [" + std::to_string(lse.heads) +
                                 ", " + std::to_string(lse.tokens) + "] holding " + std::to_string(lse.data.size()));
-  const int T = q.tokens, Hq = q.heads, Hkv = k.heads, D = q.dim, group = Hq / Hkv;
+  const int T = q.tokens, Hq = q.heads, Hkv = k.heads, D = q.dim, Dv = v.dim, group = Hq / Hkv;
   const double scale = shape.scale_for(D);
-  Gradients out{PackedTensor(T, Hq, D), PackedTensor(T, Hkv, D), PackedTensor(T, Hkv, D)};
+  Gradients out{PackedTensor(T, Hq, D), PackedTensor(T, Hkv, D), PackedTensor(T, Hkv, Dv)};
 
   // Item (doc, g) owns the dk/dv rows of kv head g in doc and the dq rows of its query heads. Inside
   // a long item, each query head and chunk of rows runs two parallel phases: (A) blocks of row
@@ -274,8 +278,8 @@ Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const
     const int doc = item / Hkv, g = item % Hkv, begin = docs.begin(doc), len = docs.length(doc);
     if (len == 0) return;
     const DocHead kh = load_head(k, begin, len, g, true, true), vh = load_head(v, begin, len, g, true, false);
-    const int dp = kh.dp, ld = kh.ld;
-    std::vector<double> dk(size_t(len) * dp), dv(size_t(len) * dp);
+    const int dp = kh.dp, ld = kh.ld, dpv = vh.dp;
+    std::vector<double> dk(size_t(len) * dp), dv(size_t(len) * dpv);
     const int chunk_tiles = (std::min(len, kChunkRows) + kRows - 1) / kRows;
     std::vector<double> P(size_t(chunk_tiles) * ld * kRows), DS(size_t(chunk_tiles) * ld * kRows);  // [tile][key][row]
     for (int h = g * group; h < (g + 1) * group; ++h) {
@@ -284,7 +288,7 @@ Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const
         auto tile_at = [&](int i) { return make_tile(c0 + i * kRows, len, shape); };
 
         parallel_for((tiles + kTaskTiles - 1) / kTaskTiles, [&](int task) {  // (A)
-          TileRows qt(D, dp), gt(D, dp);
+          TileRows qt(D, dp), gt(Dv, dpv);
           std::vector<double> dq(size_t(kRows) * dp);
           for (int i = task * kTaskTiles; i < std::min(tiles, (task + 1) * kTaskTiles); ++i) {
             const RowTile t = tile_at(i);
@@ -292,7 +296,7 @@ Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const
             double* p = &P[size_t(i) * ld * kRows];
             double* ds = &DS[size_t(i) * ld * kRows];
             qt.load(q, begin, t, h, dp);
-            gt.load(dout, begin, t, h, dp);
+            gt.load(dout, begin, t, h, dpv);
             const int ncols = round_up(t.tile_last + 1, kCols);
             scores(qt.cols, kh, ncols, p);   // q . k
             scores(gt.cols, vh, ncols, ds);  // dout . v
@@ -301,7 +305,7 @@ Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const
               if (r < t.n) {
                 lse_r = lse.at(h, begin + p0 + r);
                 const double* orow = o.row(begin + p0 + r, h);
-                for (int f = 0; f < D; ++f) d_r += gt.rows[size_t(r) * dp + f] * orow[f];
+                for (int f = 0; f < Dv; ++f) d_r += gt.rows[size_t(r) * dpv + f] * orow[f];
               }
               for (int j = 0; j <= t.tile_last; ++j) {
                 double& pj = p[size_t(j) * kRows + r];
@@ -323,22 +327,22 @@ Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const
         const int keys = shape.keys_of(c1 - 1, len).last + 1;  // the keys the chunk's rows see
         parallel_for((keys + kKeyBlock - 1) / kKeyBlock, [&](int block) {  // (B)
           const int j0 = block * kKeyBlock, j1 = std::min(keys, j0 + kKeyBlock);
-          TileRows qt(D, dp), gt(D, dp);
+          TileRows qt(D, dp), gt(Dv, dpv);
           for (int i = 0; i < tiles; ++i) {
             const RowTile t = tile_at(i);
             if (t.tile_last < j0) continue;
             qt.load(q, begin, t, h, dp);
-            gt.load(dout, begin, t, h, dp);
+            gt.load(dout, begin, t, h, dpv);
             const int last = std::min(j1 - 1, t.tile_last);
             rank_update(&DS[size_t(i) * ld * kRows], qt.rows, dp, j0, last, dk.data());
-            rank_update(&P[size_t(i) * ld * kRows], gt.rows, dp, j0, last, dv.data());
+            rank_update(&P[size_t(i) * ld * kRows], gt.rows, dpv, j0, last, dv.data());
           }
         });
       }
     }
     for (int j = 0; j < len; ++j) {
       std::copy_n(dk.data() + size_t(j) * dp, D, out.dk.row(begin + j, g));
-      std::copy_n(dv.data() + size_t(j) * dp, D, out.dv.row(begin + j, g));
+      std::copy_n(dv.data() + size_t(j) * dpv, Dv, out.dv.row(begin + j, g));
     }
   };
   parallel_for_small_then_large(

@@ -155,7 +155,7 @@ void check_inputs(const QuantizedInputs& in, const Documents& docs) {
   if (in.k.heads != in.v.heads || in.k.heads == 0 || in.q.heads % in.k.heads != 0)
     throw std::invalid_argument("q heads (" + std::to_string(in.q.heads) + ") must be a multiple of k/v heads (" +
                                 std::to_string(in.k.heads) + ")");
-  if (in.k.dim != in.q.dim || in.v.dim != in.q.dim) throw std::invalid_argument("q, k and v must share the head dim");
+  if (in.k.dim != in.q.dim) throw std::invalid_argument("q and k must share the head dim");  // v may have its own
   if (in.route == Route::kNvfp4Mixed && (in.q_score.tokens != in.q.tokens || in.k_score.tokens != in.k.tokens))
     throw std::invalid_argument("the nvfp4_mixed route needs the NVFP4 score codes of q and k");
 }
@@ -214,11 +214,11 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
   check_inputs(in, docs);
   check_options({shape, options}, in.q.dim);
   check_route_matches(in, options);
-  const int T = in.q.tokens, Hq = in.q.heads, Hkv = in.k.heads, D = in.q.dim;
+  const int T = in.q.tokens, Hq = in.q.heads, Hkv = in.k.heads, D = in.q.dim, Dv = in.v.dim;
   const double scale_log2e = shape.scale_for(D) * std::numbers::log2e;
   const bool mixed = in.route == Route::kNvfp4Mixed;
   const int boost = options.p_boost_log2;
-  ForwardOutputs out{PackedTensor(T, Hq, D), HeadTokenTensor(Hq, T), HeadTokenTensor(Hq, T)};
+  ForwardOutputs out{PackedTensor(T, Hq, Dv), HeadTokenTensor(Hq, T), HeadTokenTensor(Hq, T)};
   // Rows are independent: one task per (document, head, block of query rows), so a long document
   // spreads over every core. Each row's arithmetic is the same whatever the split.
   constexpr int kRowBlock = tiling::kFwdQueryTile;
@@ -249,7 +249,7 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
     for (int j = 0; j < len; ++j) rho[j] = running = nan_max(running, v.frontier.exponents[j]);
     if (!shape.causal) std::fill(rho.begin(), rho.end(), running);
 
-    std::vector<double> s(tiling::kFwdKeyTile), acc(D);
+    std::vector<double> s(tiling::kFwdKeyTile), acc(Dv);
     for (int p = p0; p < p1; ++p) {
       const KeyRange seen = shape.keys_of(p, len);
       double m = -kInf, l = 0.0;
@@ -267,13 +267,13 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
           l += pj;  // the row sum uses unrounded p
           const DocOperand& vj = v.at(p, j);
           const double pt = round_fresh(pj * std::exp2(boost + vj.exponents[j] - rho[p]), st.saturated_p);
-          if (pt != 0.0) axpy(pt, vj.row(j), acc.data(), D);
+          if (pt != 0.0) axpy(pt, vj.row(j), acc.data(), Dv);
         }
         m = m_new;
       }
       const double o_scale = std::exp2(rho[p] - boost) / l;
       double* o = out.o.row(begin + p, h);
-      for (int f = 0; f < D; ++f) o[f] = formats::round_to_bf16(acc[f] * o_scale);
+      for (int f = 0; f < Dv; ++f) o[f] = formats::round_to_bf16(acc[f] * o_scale);
       out.lse.at(h, begin + p) = double(float((m + std::log2(l)) / std::numbers::log2e));
       // l is the row sum relative to the final max m, whose own term is 1: p_max = 2^(m - m) / l.
       out.row_max_prob.at(h, begin + p) = double(float(1.0 / l));
@@ -294,10 +294,11 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
   check_inputs(in, docs);
   check_options({shape, options}, in.q.dim);
   check_route_matches(in, options);
-  const int T = in.q.tokens, Hq = in.q.heads, Hkv = in.k.heads, D = in.q.dim;
+  const int T = in.q.tokens, Hq = in.q.heads, Hkv = in.k.heads, D = in.q.dim, Dv = in.v.dim;
   const bool mixed = in.route == Route::kNvfp4Mixed;
-  if (dout.tokens != T || dout.heads != Hq || dout.dim != D) throw std::invalid_argument("dout must have the shape of q");
-  if (fwd.o.tokens != T || fwd.o.heads != Hq || fwd.lse.tokens != T || fwd.lse.heads != Hq)
+  if (dout.tokens != T || dout.heads != Hq || dout.dim != Dv)
+    throw std::invalid_argument("dout must have the shape of q with v's head dim");
+  if (fwd.o.tokens != T || fwd.o.heads != Hq || fwd.o.dim != Dv || fwd.lse.tokens != T || fwd.lse.heads != Hq)
     throw std::invalid_argument("the saved forward outputs (o, lse) must match q");
   const bool partials = options.uses_fp16_partials(shape.causal);
   if (partials && (fwd.row_max_prob.tokens != T || fwd.row_max_prob.heads != Hq))
@@ -307,7 +308,7 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
   const double scale = shape.scale_for(D), scale_log2e = scale * std::numbers::log2e;
   const int boost = options.p_boost_log2, group = Hq / Hkv;
   const Mxfp8Tensor g_codes = quantize_mxfp8(dout, docs, options.effective_geometry(), options.scale_rule);
-  Gradients out{PackedTensor(T, Hq, D), PackedTensor(T, Hkv, D), PackedTensor(T, Hkv, D)};
+  Gradients out{PackedTensor(T, Hq, D), PackedTensor(T, Hkv, D), PackedTensor(T, Hkv, Dv)};
   constexpr int kQT = tiling::kBwdQueryTile, kKT = tiling::kBwdKeyTile;
   // Work item (document, KV head). Inside a long one, each query head runs two parallel phases:
   // (A) per query tile, P and U rows, the rounded dV operand and the finished dQ rows (rows are
@@ -324,7 +325,7 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
     const PairOperand k = load_pairs(in.k, in.k_interior, begin, len, kvh);
     const PairOperand v = load_pairs(in.v, in.v_interior, begin, len, kvh);
     const Nvfp4DocOperand k4 = mixed ? load_nvfp4(in.k_score, begin, len, kvh) : Nvfp4DocOperand{};
-    std::vector<double> dk(size_t(len) * D, 0.0), dv(size_t(len) * D, 0.0);
+    std::vector<double> dk(size_t(len) * D, 0.0), dv(size_t(len) * Dv, 0.0);
     // FP16 partials: the largest K and V scale exponents over the keys j <= i and whether one of
     // those scales is NaN, as prefix maxima over the document (document isolation: no interior codes).
     std::vector<int> ek_max, ev_max;
@@ -381,18 +382,18 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
           const double lse2 = fwd.lse.at(h, begin + p) * std::numbers::log2e;
           const double* o = fwd.o.row(begin + p, h);
           double Di = 0.0;  // D_i from the reconstructed dO and the saved O
-          for (int f = 0; f < D; ++f) Di += g.row(p)[f] * o[f];
+          for (int f = 0; f < Dv; ++f) Di += g.row(p)[f] * o[f];
           Di *= std::exp2(g.exponents[p]);
           if (partials) {  // sigma_i and beta_i from the row's bounds, before any U is formed
             // |cg_i|^2 is exact in double in any order (E4M3 squares are multiples of 2^-18 and the
             // sum stays below 2^25), so a kernel that sums exactly (e.g. in integers) gets the same float.
             double code_sq = 0.0;
-            for (int f = 0; f < D; ++f) code_sq += g.row(p)[f] * g.row(p)[f];
+            for (int f = 0; f < Dv; ++f) code_sq += g.row(p)[f] * g.row(p)[f];
             const bool g_nan = std::isnan(g.exponents[p]);
             const dq_partials::RowInputs ri{float(std::sqrt(code_sq)), g_nan ? 0 : int(g.exponents[p]), float(Di),
                                             float(fwd.row_max_prob.at(h, begin + p)), ek_max[p], ev_max[p],
                                             g_nan || kv_nan[p] != 0};
-            factors[p - c0] = dq_partials::row_factors(ri, D);
+            factors[p - c0] = dq_partials::row_factors(ri, Dv);  // |cv_j|'s bound: V's features
           }
           double row_residual = 0.0;
           double* u_row = &u_at(p, 0);
@@ -400,7 +401,7 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
           for (int j = seen.first; j <= seen.last; ++j) {
             const DocOperand& vj = v.at(p, j);
             const double s2 = logit(p, j), pij = std::exp2(s2 - lse2);
-            const double eij = dot(g.row(p), vj.row(j), D) * std::exp2(g.exponents[p] + vj.exponents[j]);
+            const double eij = dot(g.row(p), vj.row(j), Dv) * std::exp2(g.exponents[p] + vj.exponents[j]);
             const double uij = pij * (eij - Di) * logit2_slope(shape, s2);
             u_row[j] = uij;
             row_residual += uij * scale;
@@ -506,7 +507,7 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
             const int last = last_visible_key(p, len, shape);
             for (int j = b0; j < std::min(b1, last + 1); ++j) {
               const double pt = PT[size_t(p - c0) * len + j];
-              if (pt != 0.0) axpy(pt * dv_factor, g.row(p), &dv[size_t(j) * D], D);
+              if (pt != 0.0) axpy(pt * dv_factor, g.row(p), &dv[size_t(j) * Dv], Dv);
             }
           }
           const int last_col = std::min(b1 - 1, last_visible_key(p0 + rows - 1, len, shape));
@@ -539,7 +540,7 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
     }
     for (int j = 0; j < len; ++j) {
       std::copy_n(&dk[size_t(j) * D], D, out.dk.row(begin + j, kvh));
-      std::copy_n(&dv[size_t(j) * D], D, out.dv.row(begin + j, kvh));
+      std::copy_n(&dv[size_t(j) * Dv], Dv, out.dv.row(begin + j, kvh));
     }
   };
   parallel_for_small_then_large(

@@ -302,6 +302,34 @@ TEST(Mxfp8Route, WindowsAndSoftcapMeetTheBarsAndKeysOutsideTheWindowDoNotReachAR
   EXPECT_NE(base.fwd.o.at(250, 0, 0), after.fwd.o.at(250, 0, 0));  // a row whose window holds them moves
 }
 
+// V with a head dim of its own (DeepSeek-style 192/128, here 96/64): the bars against FP64, O, dO
+// and dV with V's features, a mismatched dO refused.
+TEST(Mxfp8Route, ValueHeadDimOfItsOwnMeetsTheBars) {
+  const auto in = analysis::random_inputs({{300, 211}, 4, 2, 96, 64}, 5);
+  ASSERT_EQ(in.v.dim, 64);
+  ASSERT_EQ(in.dout.dim, 64);
+  const auto rows = analysis::run_numerics(in, {.causal = true}, {NumericsOptions{}});
+  ASSERT_EQ(rows.size(), 10u);
+  for (const auto& r : rows) {
+    SCOPED_TRACE(r.tensor + " " + r.backward);
+    if (r.tensor == "o") EXPECT_GE(r.cmp.cosine, 0.998);
+    if (r.tensor == "dq" || r.tensor == "dk" || r.tensor == "dv") EXPECT_GE(r.cmp.cosine, 0.997);
+  }
+  const TrainingOutputs out = emulate(in, NumericsOptions{});
+  EXPECT_EQ(out.fwd.o.dim, 64);
+  EXPECT_EQ(out.grads.dq.dim, 96);
+  EXPECT_EQ(out.grads.dk.dim, 96);
+  EXPECT_EQ(out.grads.dv.dim, 64);
+  const QuantizedInputs codes = quantize_inputs(in.q, in.k, in.v, in.docs, NumericsOptions{});
+  const PackedTensor wrong_dout(in.q.tokens, in.q.heads, 96);
+  try {
+    mxfp8_backward(codes, out.fwd, wrong_dout, in.docs, {.causal = true}, NumericsOptions{});
+    ADD_FAILURE() << "a dO with q's head dim instead of v's was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("dout must have the shape of q with v's head dim"), std::string::npos);
+  }
+}
+
 // The default probed row reads prefix isolation's interior codes (keys kFrontierTiles tiles back),
 // so the probe covers both of K's and V's encodings.
 TEST(IsolationProbe, DefaultPositionReachesTheInteriorCodes) {

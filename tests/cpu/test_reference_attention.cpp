@@ -31,9 +31,9 @@ PackedTensor random_tensor(int t, int h, int d, uint64_t seed, double stddev = 1
 // indices and document_of() rather than from the document-local loops of the implementation.
 ForwardOutputs naive_forward(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
                              const Documents& docs, const AttentionShape& shape) {
-  const int T = q.tokens, Hq = q.heads, D = q.dim, group = q.heads / k.heads;
+  const int T = q.tokens, Hq = q.heads, D = q.dim, Dv = v.dim, group = q.heads / k.heads;
   const double scale = shape.scale_for(D);
-  ForwardOutputs out{PackedTensor(T, Hq, D), HeadTokenTensor(Hq, T)};
+  ForwardOutputs out{PackedTensor(T, Hq, Dv), HeadTokenTensor(Hq, T)};
   std::vector<double> s(size_t(T) * T);
   for (int h = 0; h < Hq; ++h) {
     const int kvh = h / group;
@@ -55,7 +55,7 @@ ForwardOutputs naive_forward(const PackedTensor& q, const PackedTensor& k, const
       for (int j = 0; j < T; ++j) l += std::exp(row[j] - m);
       for (int j = 0; j < T; ++j) {
         const double p = std::exp(row[j] - m) / l;
-        for (int f = 0; f < D; ++f) out.o.at(i, h, f) += p * v.at(j, kvh, f);
+        for (int f = 0; f < Dv; ++f) out.o.at(i, h, f) += p * v.at(j, kvh, f);
       }
       out.lse.at(h, i) = m + std::log(l);
     }
@@ -133,6 +133,40 @@ TEST(ReferenceAttention, WindowsAndSoftcapMatchDenseMaskedSoftmax) {
     for (size_t i = 0; i < want.o.size(); ++i) ASSERT_NEAR(got.o.data[i], want.o.data[i], 1e-13) << "o[" << i << "]";
     for (size_t i = 0; i < want.lse.data.size(); ++i)
       ASSERT_NEAR(got.lse.data[i], want.lse.data[i], 1e-13) << "lse[" << i << "]";
+  }
+}
+
+double loss(const PackedTensor& o, const PackedTensor& w);
+
+// V with its own head dim (MLA-style dqk = 12, dv = 5): O takes v's.
+TEST(ReferenceAttention, ValueHeadDimOfItsOwnMatchesDenseSoftmaxAndCentralDifferences) {
+  const int lengths[] = {5, 0, 9};
+  const Documents docs = Documents::from_lengths(lengths);
+  const int T = docs.total_tokens();
+  for (const AttentionShape& shape : {AttentionShape{.causal = true}, AttentionShape{.causal = false, .window_left = 2}}) {
+    SCOPED_TRACE(name_of(shape));
+    PackedTensor q = random_tensor(T, 4, 12, 71), k = random_tensor(T, 2, 12, 72), v = random_tensor(T, 2, 5, 73);
+    const PackedTensor w = random_tensor(T, 4, 5, 74);
+    const ForwardOutputs got = reference_forward(q, k, v, docs, shape), want = naive_forward(q, k, v, docs, shape);
+    ASSERT_EQ(got.o.dim, 5);
+    for (size_t i = 0; i < want.o.size(); ++i) ASSERT_NEAR(got.o.data[i], want.o.data[i], 1e-13) << "o[" << i << "]";
+    const Gradients grads = reference_backward(q, k, v, got.o, got.lse, w, docs, shape);
+    ASSERT_EQ(grads.dq.dim, 12);
+    ASSERT_EQ(grads.dk.dim, 12);
+    ASSERT_EQ(grads.dv.dim, 5);
+    const double h = 1e-6;
+    for (auto [x, dx] : {std::pair{&q, &grads.dq}, std::pair{&k, &grads.dk}, std::pair{&v, &grads.dv}}) {
+      for (size_t i = 0; i < x->size(); i += 7) {  // every seventh entry: the dims' layout is what is tested
+        const double x0 = x->data[i];
+        x->data[i] = x0 + h;
+        const double lp = loss(reference_forward(q, k, v, docs, shape).o, w);
+        x->data[i] = x0 - h;
+        const double lm = loss(reference_forward(q, k, v, docs, shape).o, w);
+        x->data[i] = x0;
+        const double numeric = (lp - lm) / (2 * h), analytic = dx->data[i];
+        ASSERT_LE(std::fabs(numeric - analytic) / std::max(std::fabs(analytic), 1e-2), 1e-6) << i;
+      }
+    }
   }
 }
 
@@ -309,7 +343,7 @@ TEST(ReferenceAttention, BadShapesThrowNamingTheArgument) {
   const auto fwd = [&](const PackedTensor& qq, const PackedTensor& kk, const PackedTensor& vv, const Documents& dd) {
     return [&, dd] { reference_forward(qq, kk, vv, dd, shape); };
   };
-  const PackedTensor k_short(T - 1, Hkv, D), v_short(T - 1, Hkv, D), k_dim(T, Hkv, D + 1), v_dim(T, Hkv, D + 1);
+  const PackedTensor k_short(T - 1, Hkv, D), v_short(T - 1, Hkv, D), k_dim(T, Hkv, D + 1);
   const PackedTensor v_heads(T, 1, D), k3(T, 3, D), v3(T, 3, D);
   PackedTensor q_torn = q;
   q_torn.data.pop_back();
@@ -317,7 +351,6 @@ TEST(ReferenceAttention, BadShapesThrowNamingTheArgument) {
   expect_invalid(fwd(q, k_short, v, docs), "reference_forward: k has 7 tokens");
   expect_invalid(fwd(q, k, v_short, docs), "v has 7 tokens");
   expect_invalid(fwd(q, k_dim, v, docs), "k has head dim 5");
-  expect_invalid(fwd(q, k, v_dim, docs), "v has head dim 5");
   expect_invalid(fwd(q, k, v_heads, docs), "v has 1 heads but k has 2");
   expect_invalid(fwd(q, k3, v3, docs), "q heads (4) must be a multiple of k/v heads (3)");
   expect_invalid(fwd(q, k, v, Documents::from_lengths(other)), "docs (cu_seqlens) cover 7 tokens");

@@ -267,6 +267,14 @@ def test_numerics_window_and_softcap_meet_the_bars_and_are_named_in_the_table():
     assert "accuracy bars (default route, cosine: O >= 0.998, dQ/dK/dV >= 0.997): met" in out.stdout
 
 
+def test_numerics_runs_a_value_head_dim_of_its_own():
+    out = run("numerics", "--dim", "96", "--dv", "64", "--default-only", "--docs", "2", "--len", "128", "--heads", "2",
+              "--check", "--quiet")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "heads 2/2, D = 96, Dv = 64, seed 0" in out.stdout
+    assert "--dv expects an integer from 1" in refused("numerics", "--dv", "0")
+
+
 def test_probe_passes_under_a_sliding_window_and_softcap():
     out = run("probe", "--dim", "64", "--window", "96", "--softcap", "5", "--quiet")
     assert out.returncode == 0, out.stdout + out.stderr
