@@ -43,7 +43,7 @@ def check_hf_attention_kwargs(name, key_length, kwargs):
     window = kwargs.get("sliding_window")
     if window is not None and key_length > window:
         raise ValueError(f"{name}: sliding-window attention is not served (sliding_window={window} on rows of "
-                         f"{key_length} tokens); the kernels attend to the whole causal document")
+                         f"{key_length} tokens); the kernels attend to the whole document")
     softcap = kwargs.get("softcap")
     if softcap:
         raise ValueError(f"{name}: logit soft-capping is not served (softcap={softcap}); the kernels take raw scores")

@@ -97,7 +97,6 @@ struct NumericsOptions {
 // The keys a query sees inside its document, [first, last] (document-local positions).
 struct KeyRange {
   int first, last;
-  bool contains(int j) const { return first <= j && j <= last; }
 };
 
 // The mask, the softmax scale and the score transform of a call.
