@@ -101,7 +101,9 @@ RunEstimate estimate_probe(const std::vector<int>& lengths, int growth, int head
 
 std::string format_bytes(double bytes) {
   char buf[32];
-  if (bytes >= 1e9) std::snprintf(buf, sizeof buf, "%.1f GB", bytes / 1e9);
+  if (bytes >= 1e15) std::snprintf(buf, sizeof buf, "%.1f PB", bytes / 1e15);
+  else if (bytes >= 1e12) std::snprintf(buf, sizeof buf, "%.1f TB", bytes / 1e12);
+  else if (bytes >= 1e9) std::snprintf(buf, sizeof buf, "%.1f GB", bytes / 1e9);
   else std::snprintf(buf, sizeof buf, "%.0f MB", bytes / 1e6);
   return buf;
 }
@@ -110,7 +112,9 @@ std::string format_seconds(double s) {
   char buf[32];
   if (s < 90) std::snprintf(buf, sizeof buf, "%.0f s", s);
   else if (s < 90 * 60) std::snprintf(buf, sizeof buf, "%.0f min", s / 60);
-  else std::snprintf(buf, sizeof buf, "%.1f h", s / 3600);
+  else if (s < 72 * 3600) std::snprintf(buf, sizeof buf, "%.1f h", s / 3600);
+  else if (s < 3 * 365 * 86400.0) std::snprintf(buf, sizeof buf, "%.0f days", s / 86400);
+  else std::snprintf(buf, sizeof buf, "%.0f years", s / (365 * 86400.0));
   return buf;
 }
 

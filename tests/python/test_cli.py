@@ -242,6 +242,12 @@ def test_huge_document_counts_are_refused_from_the_arguments_alone(args, message
     assert message in refused(*args)
 
 
+def test_estimates_far_over_the_limits_print_in_units_a_reader_takes_in():
+    message = refused("numerics", "--docs", "2147483647", "--len", "1")
+    assert re.search(r"about \d+\.\d TB of memory", message), message
+    assert re.search(r"about \d+ days on \d+ cores", message), message
+
+
 @pytest.mark.parametrize("dim, left_out", [
     (96, ["mxfp8+hadamard", "nvfp4_mixed+hadamard"]),
     (100, ["mxfp8+hadamard", "nvfp4_mixed", "nvfp4_mixed+hadamard"]),
