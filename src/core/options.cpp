@@ -31,8 +31,7 @@ std::optional<std::string> options_error(const AttentionOptions& options, int he
     return "route=nvfp4_mixed needs head_dim a multiple of " + std::to_string(formats::kNvfp4Block) +
            " (NVFP4 block scales), got " + std::to_string(head_dim);
   }
-  // The rotation works on blocks of 64 or 128 features (reference::hadamard_block_size).
-  if (n.hadamard && head_dim % 64 != 0)
+  if (n.hadamard && hadamard_block_size(head_dim) == 0)
     return "hadamard=true needs head_dim a multiple of 64, got " + std::to_string(head_dim);
   return std::nullopt;
 }

@@ -51,6 +51,12 @@ enum class Route : uint8_t {
 inline constexpr int kPBoostLog2Default = 8;
 inline constexpr int kPBoostLog2Max = 8;
 
+// The Hadamard rotation's block: 128 features where D allows it, else 64; 0 when D is not a
+// multiple of 64 (the option is then refused).
+constexpr int hadamard_block_size(int head_dim) {
+  return head_dim % 128 == 0 ? 128 : head_dim % 64 == 0 ? 64 : 0;
+}
+
 struct NumericsOptions {
   Isolation isolation = Isolation::kDocument;
   ScaleGeometry scale_geometry = ScaleGeometry::kBlock32;

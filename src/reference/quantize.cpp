@@ -97,12 +97,6 @@ Nvfp4Tensor quantize_nvfp4(const PackedTensor& x) {
   return q;
 }
 
-int hadamard_block_size(int dim) {
-  if (dim % 128 == 0) return 128;
-  if (dim % 64 == 0) return 64;
-  return 0;
-}
-
 void hadamard_rotate(PackedTensor& x) {
   const int n = hadamard_block_size(x.dim);
   if (n == 0) throw std::invalid_argument("hadamard rotation needs head dim a multiple of 64, got " + std::to_string(x.dim));

@@ -55,10 +55,9 @@ struct Nvfp4Tensor {
 
 Nvfp4Tensor quantize_nvfp4(const PackedTensor& x);
 
-// Normalized Walsh-Hadamard rotation along features, in blocks of 128 (or 64 when D is not a
-// multiple of 128). Orthogonal and symmetric, so it is its own inverse: rotating Q and K
+// Normalized Walsh-Hadamard rotation along features, in blocks of hadamard_block_size(D)
+// (core/options.h: 128, or 64 when D is not a multiple of 128). Orthogonal and symmetric, so it is its own inverse: rotating Q and K
 // leaves Q.K^T unchanged, and gradients rotate back with the same call.
-int hadamard_block_size(int dim);  // 0 when D is not a multiple of 64
 void hadamard_rotate(PackedTensor& x);
 
 // A square-group quantizer for fresh matrices (U in its 32x32 Blackwell layout): each
