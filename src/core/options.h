@@ -120,10 +120,16 @@ struct AttentionShape {
   double scale_for(int head_dim) const { return softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(double(head_dim)); }
   bool windowed() const { return window_left >= 0 || (window_right >= 0 && !causal); }
   // The keys of document-local query p in a document of len tokens (never empty: p sees itself).
-  KeyRange keys_of(int p, int len) const {
-    int last = causal ? p : len - 1;
-    if (window_right >= 0 && p + window_right < last) last = p + window_right;
-    const int first = window_left >= 0 && p - window_left > 0 ? p - window_left : 0;
+  KeyRange keys_of(int p, int len) const { return keys_of(p, len, len); }
+  // The same with q_len queries and k_len keys in the document (flash_attn's cu_seqlens_q and
+  // cu_seqlens_k): the mask is aligned bottom-right, query p sitting at key position
+  // p + k_len - q_len. Empty (last < first) for a causal query before the first key.
+  KeyRange keys_of(int p, int q_len, int k_len) const {
+    const int at = p + k_len - q_len;
+    int last = causal ? at : k_len - 1;
+    if (window_right >= 0 && at + window_right < last) last = at + window_right;
+    if (last > k_len - 1) last = k_len - 1;
+    const int first = window_left >= 0 && at - window_left > 0 ? at - window_left : 0;
     return {first, last};
   }
   // The natural-log score from the unscaled product: scale q.k, soft-capped when asked.

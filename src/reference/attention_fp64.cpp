@@ -59,17 +59,22 @@ PackedTensor out_shape_of(const PackedTensor& q, const PackedTensor& v) {
   return shape;
 }
 
+// k_docs: the key documents (cu_seqlens_k); the same object as q_docs for self-attention over one
+// packing, whose messages compare k and v with q.
 void check_qkv(const char* fn, const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
-               const Documents& docs) {
+               const Documents& q_docs, const Documents& k_docs) {
+  const bool one_packing = &q_docs == &k_docs;
   check_tensor(fn, "q", q);
   check_tensor(fn, "k", k);
   check_tensor(fn, "v", v);
-  if (k.tokens != q.tokens)
-    throw std::invalid_argument(std::string(fn) + ": k has " + std::to_string(k.tokens) + " tokens but q has " +
-                                std::to_string(q.tokens));
-  if (v.tokens != q.tokens)
-    throw std::invalid_argument(std::string(fn) + ": v has " + std::to_string(v.tokens) + " tokens but q has " +
-                                std::to_string(q.tokens));
+  const int k_expected = one_packing ? q.tokens : k_docs.total_tokens();
+  const std::string k_source = one_packing ? " but q has " : " but cu_seqlens_k covers ";
+  if (k.tokens != k_expected)
+    throw std::invalid_argument(std::string(fn) + ": k has " + std::to_string(k.tokens) + " tokens" + k_source +
+                                std::to_string(k_expected));
+  if (v.tokens != k_expected)
+    throw std::invalid_argument(std::string(fn) + ": v has " + std::to_string(v.tokens) + " tokens" + k_source +
+                                std::to_string(k_expected));
   if (k.dim != q.dim)
     throw std::invalid_argument(std::string(fn) + ": k has head dim " + std::to_string(k.dim) + " but q has " +
                                 std::to_string(q.dim));
@@ -79,9 +84,12 @@ void check_qkv(const char* fn, const PackedTensor& q, const PackedTensor& k, con
   if (q.heads % k.heads != 0)
     throw std::invalid_argument(std::string(fn) + ": q heads (" + std::to_string(q.heads) +
                                 ") must be a multiple of k/v heads (" + std::to_string(k.heads) + ")");
-  if (docs.total_tokens() != q.tokens)
-    throw std::invalid_argument(std::string(fn) + ": docs (cu_seqlens) cover " + std::to_string(docs.total_tokens()) +
+  if (q_docs.total_tokens() != q.tokens)
+    throw std::invalid_argument(std::string(fn) + ": docs (cu_seqlens) cover " + std::to_string(q_docs.total_tokens()) +
                                 " tokens but q has " + std::to_string(q.tokens));
+  if (q_docs.count() != k_docs.count())
+    throw std::invalid_argument(std::string(fn) + ": cu_seqlens_q holds " + std::to_string(q_docs.count()) +
+                                " documents but cu_seqlens_k " + std::to_string(k_docs.count()));
 }
 
 // Head h of one document of x, copied into the two panel layouts the products stream through
@@ -122,12 +130,12 @@ struct RowTile {
   bool sees(int r, int j) const { return first[r] <= j && j <= last[r]; }
 };
 
-RowTile make_tile(int p0, int len, const AttentionShape& shape) {
+RowTile make_tile(int p0, int q_len, int k_len, const AttentionShape& shape) {
   RowTile t;
-  t.p0 = p0, t.n = std::min(kRows, len - p0);
-  t.common_last = len;
+  t.p0 = p0, t.n = std::min(kRows, q_len - p0);
+  t.common_last = k_len;
   for (int r = 0; r < kRows; ++r) {
-    const KeyRange keys = r < t.n ? shape.keys_of(p0 + r, len) : KeyRange{0, -1};
+    const KeyRange keys = r < t.n ? shape.keys_of(p0 + r, q_len, k_len) : KeyRange{0, -1};
     t.first[r] = keys.first, t.last[r] = keys.last;
     t.common_last = std::min(t.common_last, t.last[r]);
     t.tile_last = std::max(t.tile_last, t.last[r]);
@@ -205,8 +213,13 @@ void rank_update(const double* w, const std::vector<double>& a, int dp, int firs
 
 ForwardOutputs reference_forward(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
                                  const Documents& docs, const AttentionShape& shape) {
+  return reference_forward(q, k, v, docs, docs, shape);
+}
+
+ForwardOutputs reference_forward(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
+                                 const Documents& docs, const Documents& k_docs, const AttentionShape& shape) {
   static constexpr const char* kFn = "reference_forward";
-  check_qkv(kFn, q, k, v, docs);
+  check_qkv(kFn, q, k, v, docs, k_docs);
   const int T = q.tokens, Hq = q.heads, Hkv = k.heads, D = q.dim, Dv = v.dim, group = Hq / Hkv;
   const double scale = shape.scale_for(D);
   ForwardOutputs out{PackedTensor(T, Hq, Dv), HeadTokenTensor(Hq, T), {}};  // no p_max: the FP64 backward has no FP16 partials
@@ -217,13 +230,14 @@ ForwardOutputs reference_forward(const PackedTensor& q, const PackedTensor& k, c
   parallel_for(int(tasks.size()), [&](int task) {
     const auto [doc, h, b0] = tasks[task];
     const int begin = docs.begin(doc), len = docs.length(doc), b1 = std::min(len, b0 + kRowBlock);
-    const int g = h / group, keys = shape.keys_of(b1 - 1, len).last + 1;  // the keys these rows see
-    const DocHead kh = load_head(k, begin, keys, g, true, false), vh = load_head(v, begin, keys, g, false, true);
+    const int k_begin = k_docs.begin(doc), k_len = k_docs.length(doc);
+    const int g = h / group, keys = std::max(0, shape.keys_of(b1 - 1, len, k_len).last + 1);  // the keys these rows see
+    const DocHead kh = load_head(k, k_begin, keys, g, true, false), vh = load_head(v, k_begin, keys, g, false, true);
     const int dp = kh.dp, ld = kh.ld, dpv = vh.dp;
     TileRows qt(D, dp);
     std::vector<double> s(size_t(ld) * kRows), acc(size_t(kRows) * dpv);  // s: [key][row]
     for (int p0 = b0; p0 < b1; p0 += kRows) {
-      const RowTile t = make_tile(p0, len, shape);
+      const RowTile t = make_tile(p0, len, k_len, shape);
       qt.load(q, begin, t, h, dp);
       scores(qt.cols, kh, round_up(t.tile_last + 1, kCols), s.data());
       double m[kRows], l[kRows];
@@ -245,8 +259,9 @@ ForwardOutputs reference_forward(const PackedTensor& q, const PackedTensor& k, c
       combine(s.data(), vh, t, acc.data());
       for (int r = 0; r < t.n; ++r) {
         double* o = out.o.row(begin + p0 + r, h);
-        for (int f = 0; f < Dv; ++f) o[f] = acc[size_t(r) * dpv + f] / l[r];
-        out.lse.at(h, begin + p0 + r) = m[r] + std::log(l[r]);
+        // A row that sees no key (a causal query before its document's first key): O = 0, LSE = -inf.
+        for (int f = 0; f < Dv; ++f) o[f] = l[r] > 0 ? acc[size_t(r) * dpv + f] / l[r] : 0.0;
+        out.lse.at(h, begin + p0 + r) = l[r] > 0 ? m[r] + std::log(l[r]) : -kInf;
       }
     }
   });
@@ -256,8 +271,14 @@ ForwardOutputs reference_forward(const PackedTensor& q, const PackedTensor& k, c
 Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
                              const PackedTensor& o, const HeadTokenTensor& lse, const PackedTensor& dout,
                              const Documents& docs, const AttentionShape& shape) {
+  return reference_backward(q, k, v, o, lse, dout, docs, docs, shape);
+}
+
+Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
+                             const PackedTensor& o, const HeadTokenTensor& lse, const PackedTensor& dout,
+                             const Documents& docs, const Documents& k_docs, const AttentionShape& shape) {
   static constexpr const char* kFn = "reference_backward";
-  check_qkv(kFn, q, k, v, docs);
+  check_qkv(kFn, q, k, v, docs, k_docs);
   check_same_shape(kFn, "o", o, out_shape_of(q, v));
   check_same_shape(kFn, "dout", dout, out_shape_of(q, v));
   if (lse.heads != q.heads || lse.tokens != q.tokens || lse.data.size() != size_t(lse.heads) * size_t(lse.tokens))
@@ -266,7 +287,8 @@ Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const
                                 ", " + std::to_string(lse.tokens) + "] holding " + std::to_string(lse.data.size()));
   const int T = q.tokens, Hq = q.heads, Hkv = k.heads, D = q.dim, Dv = v.dim, group = Hq / Hkv;
   const double scale = shape.scale_for(D);
-  Gradients out{PackedTensor(T, Hq, D), PackedTensor(T, Hkv, D), PackedTensor(T, Hkv, Dv)};
+  const int Tk = k.tokens;
+  Gradients out{PackedTensor(T, Hq, D), PackedTensor(Tk, Hkv, D), PackedTensor(Tk, Hkv, Dv)};
 
   // Item (doc, g) owns the dk/dv rows of kv head g in doc and the dq rows of its query heads. Inside
   // a long item, each query head and chunk of rows runs two parallel phases: (A) blocks of row
@@ -276,16 +298,17 @@ Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const
   constexpr int kChunkRows = 1024, kTaskTiles = kRowBlock / kRows, kKeyBlock = 64;
   auto run_item = [&](int item) {
     const int doc = item / Hkv, g = item % Hkv, begin = docs.begin(doc), len = docs.length(doc);
-    if (len == 0) return;
-    const DocHead kh = load_head(k, begin, len, g, true, true), vh = load_head(v, begin, len, g, true, false);
+    const int k_begin = k_docs.begin(doc), k_len = k_docs.length(doc);
+    if (len == 0 || k_len == 0) return;  // no pair: the item's rows of dq, dk and dv stay 0
+    const DocHead kh = load_head(k, k_begin, k_len, g, true, true), vh = load_head(v, k_begin, k_len, g, true, false);
     const int dp = kh.dp, ld = kh.ld, dpv = vh.dp;
-    std::vector<double> dk(size_t(len) * dp), dv(size_t(len) * dpv);
+    std::vector<double> dk(size_t(k_len) * dp), dv(size_t(k_len) * dpv);
     const int chunk_tiles = (std::min(len, kChunkRows) + kRows - 1) / kRows;
     std::vector<double> P(size_t(chunk_tiles) * ld * kRows), DS(size_t(chunk_tiles) * ld * kRows);  // [tile][key][row]
     for (int h = g * group; h < (g + 1) * group; ++h) {
       for (int c0 = 0; c0 < len; c0 += kChunkRows) {
         const int c1 = std::min(len, c0 + kChunkRows), tiles = (c1 - c0 + kRows - 1) / kRows;
-        auto tile_at = [&](int i) { return make_tile(c0 + i * kRows, len, shape); };
+        auto tile_at = [&](int i) { return make_tile(c0 + i * kRows, len, k_len, shape); };
 
         parallel_for((tiles + kTaskTiles - 1) / kTaskTiles, [&](int task) {  // (A)
           TileRows qt(D, dp), gt(Dv, dpv);
@@ -324,7 +347,7 @@ Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const
           }
         });
 
-        const int keys = shape.keys_of(c1 - 1, len).last + 1;  // the keys the chunk's rows see
+        const int keys = std::max(0, shape.keys_of(c1 - 1, len, k_len).last + 1);  // the keys the chunk's rows see
         parallel_for((keys + kKeyBlock - 1) / kKeyBlock, [&](int block) {  // (B)
           const int j0 = block * kKeyBlock, j1 = std::min(keys, j0 + kKeyBlock);
           TileRows qt(D, dp), gt(Dv, dpv);
@@ -340,9 +363,9 @@ Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const
         });
       }
     }
-    for (int j = 0; j < len; ++j) {
-      std::copy_n(dk.data() + size_t(j) * dp, D, out.dk.row(begin + j, g));
-      std::copy_n(dv.data() + size_t(j) * dpv, Dv, out.dv.row(begin + j, g));
+    for (int j = 0; j < k_len; ++j) {
+      std::copy_n(dk.data() + size_t(j) * dp, D, out.dk.row(k_begin + j, g));
+      std::copy_n(dv.data() + size_t(j) * dpv, Dv, out.dv.row(k_begin + j, g));
     }
   };
   parallel_for_small_then_large(

@@ -35,4 +35,15 @@ Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const
                              const PackedTensor& o, const HeadTokenTensor& lse, const PackedTensor& dout,
                              const Documents& docs, const AttentionShape& shape);
 
+// The same with documents of their own for the keys (flash_attn's cu_seqlens_q and cu_seqlens_k):
+// document d's queries are q's rows q_docs[d], its keys k's and v's rows k_docs[d] (as many
+// documents in both), the mask aligned bottom-right (AttentionShape::keys_of), as a query chunk
+// of a longer document attending to the keys up to its end does. A row that sees no key has
+// O = 0 and LSE = -inf. dk and dv have the shapes of k and v.
+ForwardOutputs reference_forward(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
+                                 const Documents& q_docs, const Documents& k_docs, const AttentionShape& shape);
+Gradients reference_backward(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
+                             const PackedTensor& o, const HeadTokenTensor& lse, const PackedTensor& dout,
+                             const Documents& q_docs, const Documents& k_docs, const AttentionShape& shape);
+
 }  // namespace flamia::reference

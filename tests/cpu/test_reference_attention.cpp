@@ -170,6 +170,138 @@ TEST(ReferenceAttention, ValueHeadDimOfItsOwnMatchesDenseSoftmaxAndCentralDiffer
   }
 }
 
+// Rows [t0, t1) of x, as a tensor of their own.
+PackedTensor rows_of(const PackedTensor& x, int t0, int t1) {
+  PackedTensor out(t1 - t0, x.heads, x.dim);
+  std::copy(x.row(t0, 0), x.row(t0, 0) + out.size(), out.data.begin());
+  return out;
+}
+// The rows of several tensors packed one after the other.
+PackedTensor packed(const std::vector<PackedTensor>& parts) {
+  int tokens = 0;
+  for (const auto& p : parts) tokens += p.tokens;
+  PackedTensor out(tokens, parts[0].heads, parts[0].dim);
+  size_t at = 0;
+  for (const auto& p : parts) at = size_t(std::copy(p.data.begin(), p.data.end(), out.data.begin() + at) - out.data.begin());
+  return out;
+}
+
+// Context parallelism's building block: a document's queries split into chunks, each chunk a
+// document of its own whose keys are the document's up to the chunk's end (cu_seqlens_q !=
+// cu_seqlens_k, the causal mask aligned bottom-right), give the whole call's O, LSE and dQ rows,
+// and the chunks' dK and dV add up to the whole call's; with a window too.
+TEST(ReferenceAttention, QueryChunksAttendingTheirKeyPrefixGiveTheWholeCall) {
+  const int L = 37, ends[] = {10, 23, 37};
+  const int whole_len[] = {L};
+  const Documents whole = Documents::from_lengths(whole_len);
+  const PackedTensor q = random_tensor(L, 4, 6, 81), k = random_tensor(L, 2, 6, 82), v = random_tensor(L, 2, 6, 83),
+                     g = random_tensor(L, 4, 6, 84);
+  for (const AttentionShape& shape : {AttentionShape{.causal = true}, AttentionShape{.causal = true, .window_left = 7}}) {
+    SCOPED_TRACE(name_of(shape));
+    const ForwardOutputs f = reference_forward(q, k, v, whole, shape);
+    const Gradients gw = reference_backward(q, k, v, f.o, f.lse, g, whole, shape);
+    std::vector<int> q_lens, k_lens;
+    std::vector<PackedTensor> qs, ks, vs, gs;
+    for (int c = 0, begin = 0; c < 3; begin = ends[c++]) {
+      q_lens.push_back(ends[c] - begin), k_lens.push_back(ends[c]);
+      qs.push_back(rows_of(q, begin, ends[c])), gs.push_back(rows_of(g, begin, ends[c]));
+      ks.push_back(rows_of(k, 0, ends[c])), vs.push_back(rows_of(v, 0, ends[c]));
+    }
+    const Documents q_docs = Documents::from_lengths(q_lens), k_docs = Documents::from_lengths(k_lens);
+    const PackedTensor qc = packed(qs), kc = packed(ks), vc = packed(vs), gc = packed(gs);
+    const ForwardOutputs fc = reference_forward(qc, kc, vc, q_docs, k_docs, shape);
+    const Gradients gc_grads = reference_backward(qc, kc, vc, fc.o, fc.lse, gc, q_docs, k_docs, shape);
+    ASSERT_EQ(fc.o.tokens, L);
+    ASSERT_EQ(gc_grads.dk.tokens, kc.tokens);
+    for (size_t i = 0; i < f.o.size(); ++i) ASSERT_NEAR(fc.o.data[i], f.o.data[i], 1e-13) << "o[" << i << "]";
+    for (size_t i = 0; i < f.lse.data.size(); ++i) ASSERT_NEAR(fc.lse.data[i], f.lse.data[i], 1e-13) << "lse[" << i << "]";
+    for (size_t i = 0; i < gw.dq.size(); ++i) ASSERT_NEAR(gc_grads.dq.data[i], gw.dq.data[i], 1e-12) << "dq[" << i << "]";
+    for (int j = 0; j < L; ++j)
+      for (int h = 0; h < 2; ++h)
+        for (int f0 = 0; f0 < 6; ++f0) {
+          double dk = 0.0, dv = 0.0;  // key j's copies, one per chunk that holds it
+          for (int c = 0; c < 3; ++c)
+            if (j < k_lens[c]) {
+              dk += gc_grads.dk.at(k_docs.begin(c) + j, h, f0);
+              dv += gc_grads.dv.at(k_docs.begin(c) + j, h, f0);
+            }
+          ASSERT_NEAR(dk, gw.dk.at(j, h, f0), 1e-12) << "dk key " << j;
+          ASSERT_NEAR(dv, gw.dv.at(j, h, f0), 1e-12) << "dv key " << j;
+        }
+  }
+}
+
+// Keys split into two documents of their own for the same queries (non-causal): the two calls'
+// outputs merged by their LSE give the call over all the keys (ring attention's merge).
+TEST(ReferenceAttention, KeySplitsMergedByTheirLseGiveTheWholeCall) {
+  const int Lq = 9, La = 8, Lb = 12;
+  const PackedTensor q = random_tensor(Lq, 2, 5, 91), k = random_tensor(La + Lb, 1, 5, 92),
+                     v = random_tensor(La + Lb, 1, 5, 93);
+  const AttentionShape shape{.causal = false};
+  const int lq[] = {Lq}, la[] = {La}, lb[] = {Lb}, lab[] = {La + Lb};
+  const Documents qd = Documents::from_lengths(lq), ad = Documents::from_lengths(la), bd = Documents::from_lengths(lb),
+                  abd = Documents::from_lengths(lab);
+  const ForwardOutputs all = reference_forward(q, k, v, qd, abd, shape);
+  const ForwardOutputs a = reference_forward(q, rows_of(k, 0, La), rows_of(v, 0, La), qd, ad, shape);
+  const ForwardOutputs b = reference_forward(q, rows_of(k, La, La + Lb), rows_of(v, La, La + Lb), qd, bd, shape);
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < Lq; ++i) {
+      const double la_i = a.lse.at(h, i), lb_i = b.lse.at(h, i);
+      const double m = std::max(la_i, lb_i), lse = m + std::log(std::exp(la_i - m) + std::exp(lb_i - m));
+      ASSERT_NEAR(lse, all.lse.at(h, i), 1e-13);
+      for (int f = 0; f < 5; ++f) {
+        const double o = std::exp(la_i - lse) * a.o.at(i, h, f) + std::exp(lb_i - lse) * b.o.at(i, h, f);
+        ASSERT_NEAR(o, all.o.at(i, h, f), 1e-13);
+      }
+    }
+}
+
+// Fewer keys than queries, causal (bottom-right): the first rows see no key (O = 0, LSE = -inf,
+// their dQ 0); the others match the dense softmax and the gradients central differences.
+TEST(ReferenceAttention, FewerKeysThanQueriesLeaveTheFirstRowsEmpty) {
+  const int lq[] = {6, 4}, lk[] = {3, 4};
+  const Documents qd = Documents::from_lengths(lq), kd = Documents::from_lengths(lk);
+  PackedTensor q = random_tensor(10, 2, 4, 101), k = random_tensor(7, 1, 4, 102), v = random_tensor(7, 1, 4, 103);
+  const PackedTensor w = random_tensor(10, 2, 4, 104);
+  const AttentionShape shape{.causal = true};
+  const ForwardOutputs f = reference_forward(q, k, v, qd, kd, shape);
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 10; ++i) {
+      const bool empty = i < 3;  // document 0: queries 0..2 sit before key 0 (3 - 6 = -3 positions)
+      EXPECT_EQ(std::isinf(f.lse.at(h, i)) && f.lse.at(h, i) < 0, empty) << i;
+      for (int x = 0; x < 4; ++x) {
+        if (empty) EXPECT_EQ(f.o.at(i, h, x), 0.0);
+        EXPECT_TRUE(std::isfinite(f.o.at(i, h, x)));
+      }
+    }
+  // Query 5 of document 0 sits at key 2: it sees all three keys, as the full softmax over them.
+  {
+    double s[3], m = -1e300, l = 0.0;
+    for (int j = 0; j < 3; ++j) {
+      s[j] = 0.0;
+      for (int x = 0; x < 4; ++x) s[j] += q.at(5, 0, x) * k.at(j, 0, x) / 2.0;
+      m = std::max(m, s[j]);
+    }
+    for (int j = 0; j < 3; ++j) l += std::exp(s[j] - m);
+    EXPECT_NEAR(f.lse.at(0, 5), m + std::log(l), 1e-13);
+  }
+  const Gradients grads = reference_backward(q, k, v, f.o, f.lse, w, qd, kd, shape);
+  const double h = 1e-6;
+  for (auto [x, dx] : {std::pair{&q, &grads.dq}, std::pair{&k, &grads.dk}, std::pair{&v, &grads.dv}}) {
+    for (size_t i = 0; i < x->size(); ++i) {
+      const double x0 = x->data[i];
+      x->data[i] = x0 + h;
+      const double lp = loss(reference_forward(q, k, v, qd, kd, shape).o, w);
+      x->data[i] = x0 - h;
+      const double lm = loss(reference_forward(q, k, v, qd, kd, shape).o, w);
+      x->data[i] = x0;
+      const double numeric = (lp - lm) / (2 * h), analytic = dx->data[i];
+      ASSERT_TRUE(std::isfinite(analytic)) << i;
+      ASSERT_LE(std::fabs(numeric - analytic) / std::max(std::fabs(analytic), 1e-2), 1e-6) << i;
+    }
+  }
+}
+
 TEST(ReferenceAttention, ForwardHonoursExplicitScaleAndLargeLogits) {
   const int lengths[] = {3, 11, 6};
   const Documents docs = Documents::from_lengths(lengths);
@@ -355,6 +487,14 @@ TEST(ReferenceAttention, BadShapesThrowNamingTheArgument) {
   expect_invalid(fwd(q, k3, v3, docs), "q heads (4) must be a multiple of k/v heads (3)");
   expect_invalid(fwd(q, k, v, Documents::from_lengths(other)), "docs (cu_seqlens) cover 7 tokens");
   expect_invalid(fwd(q_torn, k, v, docs), "q holds 127 values");
+  const int k_lengths[] = {4, 5}, one_doc[] = {9};
+  const Documents k_docs = Documents::from_lengths(k_lengths), k_one = Documents::from_lengths(one_doc);
+  expect_invalid([&] { reference_forward(q, k, v, docs, k_docs, shape); }, "k has 8 tokens but cu_seqlens_k covers 9");
+  const PackedTensor k9 = random_tensor(9, Hkv, D, 55), v9 = random_tensor(9, Hkv, D, 56);
+  expect_invalid([&] { reference_forward(q, k9, v, docs, k_docs, shape); }, "v has 8 tokens but cu_seqlens_k covers 9");
+  expect_invalid([&] { reference_forward(q, k9, v9, docs, k_one, shape); },
+                 "cu_seqlens_q holds 2 documents but cu_seqlens_k 1");
+  EXPECT_NO_THROW(reference_forward(q, k9, v9, docs, k_docs, shape));
   expect_invalid(fwd(PackedTensor(T, Hq, 0), PackedTensor(T, Hkv, 0), PackedTensor(T, Hkv, 0), docs), "q must have");
 
   const ForwardOutputs f = reference_forward(q, k, v, docs, shape);
