@@ -121,7 +121,8 @@ DocHead load_head(const PackedTensor& x, int begin, int len, int h, bool want_by
 }
 
 // A tile of kRows query rows p0 .. p0 + kRows - 1 of one head: row r sees the keys [first[r],
-// last[r]] (AttentionShape::keys_of); rows past the document end have last = -1 and see no key.
+// last[r]] (AttentionShape::keys_of); rows past the document end and rows that see no key hold
+// [0, -1], so that every loop from common_last + 1 starts at a key.
 // The products run over keys 0 .. tile_last with the invisible pairs' weights 0.
 struct RowTile {
   int p0 = 0, n = 0;
@@ -135,7 +136,8 @@ RowTile make_tile(int p0, int q_len, int k_len, const AttentionShape& shape) {
   t.p0 = p0, t.n = std::min(kRows, q_len - p0);
   t.common_last = k_len;
   for (int r = 0; r < kRows; ++r) {
-    const KeyRange keys = r < t.n ? shape.keys_of(p0 + r, q_len, k_len) : KeyRange{0, -1};
+    KeyRange keys = r < t.n ? shape.keys_of(p0 + r, q_len, k_len) : KeyRange{0, -1};
+    if (keys.last < keys.first) keys = {0, -1};
     t.first[r] = keys.first, t.last[r] = keys.last;
     t.common_last = std::min(t.common_last, t.last[r]);
     t.tile_last = std::max(t.tile_last, t.last[r]);
