@@ -70,8 +70,15 @@ double round_fresh(double x, int64_t& saturated) {
   return formats::round_e4m3(x);
 }
 
-// The last key that document-local query p sees (AttentionShape::keys_of).
-int last_visible_key(int p, int len, const AttentionShape& shape) { return shape.keys_of(p, len).last; }
+// The last key that document-local query p of q_len queries sees among k_len keys
+// (AttentionShape::keys_of; -1 or less when it sees none).
+int last_visible_key(int p, int q_len, int k_len, const AttentionShape& shape) {
+  return shape.keys_of(p, q_len, k_len).last;
+}
+// How many of a document's first keys the queries up to p see (0 when they see none).
+int keys_seen_up_to(int p, int q_len, int k_len, const AttentionShape& shape) {
+  return std::max(0, last_visible_key(p, q_len, k_len, shape) + 1);
+}
 
 // A base-2 logit soft-capped as the natural-log score is (AttentionShape::score), and the cap's
 // derivative at it (AttentionShape::score_slope).
@@ -149,9 +156,41 @@ PairOperand load_pairs(const Mxfp8Tensor& x, const Mxfp8Tensor& x_interior, int 
   return out;
 }
 
-void check_inputs(const QuantizedInputs& in, const Documents& docs) {
-  if (in.q.tokens != docs.total_tokens() || in.k.tokens != in.q.tokens || in.v.tokens != in.q.tokens)
-    throw std::invalid_argument("q, k, v and cu_seqlens must cover the same number of tokens");
+bool same_documents(const Documents& a, const Documents& b) {
+  if (&a == &b) return true;
+  if (a.count() != b.count()) return false;
+  for (int d = 0; d < a.count(); ++d)
+    if (a.begin(d) != b.begin(d) || a.length(d) != b.length(d)) return false;
+  return true;
+}
+
+// q_docs and k_docs: cu_seqlens_q and cu_seqlens_k (the same object for self-attention), against
+// the tokens of q, k and v.
+void check_documents(int q_tokens, int k_tokens, int v_tokens, const Documents& q_docs, const Documents& k_docs,
+                     const NumericsOptions& options) {
+  if (&q_docs == &k_docs) {
+    if (q_tokens != q_docs.total_tokens() || k_tokens != q_tokens || v_tokens != q_tokens)
+      throw std::invalid_argument("q, k, v and cu_seqlens must cover the same number of tokens");
+    return;
+  }
+  if (q_tokens != q_docs.total_tokens())
+    throw std::invalid_argument("q has " + std::to_string(q_tokens) + " tokens but cu_seqlens_q covers " +
+                                std::to_string(q_docs.total_tokens()));
+  if (k_tokens != k_docs.total_tokens() || v_tokens != k_docs.total_tokens())
+    throw std::invalid_argument("k and v have " + std::to_string(k_tokens) + " and " + std::to_string(v_tokens) +
+                                " tokens but cu_seqlens_k covers " + std::to_string(k_docs.total_tokens()));
+  if (q_docs.count() != k_docs.count())
+    throw std::invalid_argument("cu_seqlens_q holds " + std::to_string(q_docs.count()) + " documents but cu_seqlens_k " +
+                                std::to_string(k_docs.count()));
+  // Interior pairs are a property of one token position shared by queries and keys (core/tiling.h).
+  if (options.isolation == Isolation::kPrefix && !same_documents(q_docs, k_docs))
+    throw std::invalid_argument(
+        "isolation=prefix needs the same documents for queries and keys (cu_seqlens_k equal to cu_seqlens_q)");
+}
+
+void check_inputs(const QuantizedInputs& in, const Documents& q_docs, const Documents& k_docs,
+                  const NumericsOptions& options) {
+  check_documents(in.q.tokens, in.k.tokens, in.v.tokens, q_docs, k_docs, options);
   if (in.k.heads != in.v.heads || in.k.heads == 0 || in.q.heads % in.k.heads != 0)
     throw std::invalid_argument("q heads (" + std::to_string(in.q.heads) + ") must be a multiple of k/v heads (" +
                                 std::to_string(in.k.heads) + ")");
@@ -182,6 +221,12 @@ void RouteStats::merge(const RouteStats& o) {
 
 QuantizedInputs quantize_inputs(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
                                 const Documents& docs, const NumericsOptions& options) {
+  return quantize_inputs(q, k, v, docs, docs, options);
+}
+
+QuantizedInputs quantize_inputs(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
+                                const Documents& q_docs, const Documents& k_docs, const NumericsOptions& options) {
+  check_documents(q.tokens, k.tokens, v.tokens, q_docs, k_docs, options);
   const ScaleGeometry geometry = options.effective_geometry();
   QuantizedInputs out;
   out.hadamard = options.hadamard;
@@ -195,23 +240,28 @@ QuantizedInputs quantize_inputs(const PackedTensor& q, const PackedTensor& k, co
   }
   const PackedTensor& q_in = options.hadamard ? q_rotated : q;
   const PackedTensor& k_in = options.hadamard ? k_rotated : k;
-  out.q = quantize_mxfp8(q_in, docs, geometry, options.scale_rule);
-  out.k = quantize_mxfp8(k_in, docs, geometry, options.scale_rule);
-  out.v = quantize_mxfp8(v, docs, geometry, options.scale_rule);
+  out.q = quantize_mxfp8(q_in, q_docs, geometry, options.scale_rule);
+  out.k = quantize_mxfp8(k_in, k_docs, geometry, options.scale_rule);
+  out.v = quantize_mxfp8(v, k_docs, geometry, options.scale_rule);
   if (options.route == Route::kNvfp4Mixed) {  // per (token, head) scales: no geometry, no document boundary to mind
     out.q_score = quantize_nvfp4(q_in);
     out.k_score = quantize_nvfp4(k_in);
   }
   if (options.interior_codes()) {
-    out.k_interior = quantize_mxfp8(k_in, docs, ScaleGeometry::kBlock32, options.scale_rule);
-    out.v_interior = quantize_mxfp8(v, docs, ScaleGeometry::kBlock32, options.scale_rule);
+    out.k_interior = quantize_mxfp8(k_in, k_docs, ScaleGeometry::kBlock32, options.scale_rule);
+    out.v_interior = quantize_mxfp8(v, k_docs, ScaleGeometry::kBlock32, options.scale_rule);
   }
   return out;
 }
 
 ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, const AttentionShape& shape,
                              const NumericsOptions& options, RouteStats* stats) {
-  check_inputs(in, docs);
+  return mxfp8_forward(in, docs, docs, shape, options, stats);
+}
+
+ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, const Documents& k_docs,
+                             const AttentionShape& shape, const NumericsOptions& options, RouteStats* stats) {
+  check_inputs(in, docs, k_docs, options);
   check_options({shape, options}, in.q.dim);
   check_route_matches(in, options);
   const int T = in.q.tokens, Hq = in.q.heads, Hkv = in.k.heads, D = in.q.dim, Dv = in.v.dim;
@@ -228,30 +278,40 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
   parallel_for(int(tasks.size()), [&](int t) {
     const auto [doc, h, p0] = tasks[t];
     const int begin = docs.begin(doc), len = docs.length(doc), p1 = std::min(len, p0 + kRowBlock);
+    const int k_begin = k_docs.begin(doc), k_len = k_docs.length(doc);
     const int kvh = kv_head_of(h, Hq, Hkv);
-    const int keys = last_visible_key(p1 - 1, len, shape) + 1;  // the keys these rows can see
+    const int keys = keys_seen_up_to(p1 - 1, len, k_len, shape);  // the keys these rows can see
     // The score operands: E4M3 Q and K (MXFP8 route) or their NVFP4 codes (mixed route).
     const DocOperand q = mixed ? DocOperand{} : load(in.q, begin, p1, h);
-    const PairOperand k = mixed ? PairOperand{} : load_pairs(in.k, in.k_interior, begin, keys, kvh);
+    const PairOperand k = mixed ? PairOperand{} : load_pairs(in.k, in.k_interior, k_begin, keys, kvh);
     const Nvfp4DocOperand q4 = mixed ? load_nvfp4(in.q_score, begin, p1, h) : Nvfp4DocOperand{};
-    const Nvfp4DocOperand k4 = mixed ? load_nvfp4(in.k_score, begin, keys, kvh) : Nvfp4DocOperand{};
+    const Nvfp4DocOperand k4 = mixed ? load_nvfp4(in.k_score, k_begin, keys, kvh) : Nvfp4DocOperand{};
     auto logit = [&](int p, int j) {
       return capped_logit2(shape, mixed ? nvfp4_logit2(q4, p, k4, j, scale_log2e)
                                         : logit2(q, p, k.at(p, j), j, scale_log2e));
     };
-    const PairOperand v = load_pairs(in.v, in.v_interior, begin, len, kvh);
+    const PairOperand v = load_pairs(in.v, in.v_interior, k_begin, k_len, kvh);
     RouteStats& st = task_stats[t];
 
-    // Mask-aware fold reference: the running max of the V exponents over the visible keys (the
-    // per-token ones with interior codes: a block32 exponent is its group's largest per-token one).
-    std::vector<double> rho(len);
+    // Mask-aware fold reference: the running max of the V exponents over the keys up to the row's
+    // last visible one, all keys without the causal mask (the per-token ones with interior codes: a
+    // block32 exponent is its group's largest per-token one).
+    std::vector<double> v_exponent_max(k_len);
     double running = -kInf;
-    for (int j = 0; j < len; ++j) rho[j] = running = nan_max(running, v.frontier.exponents[j]);
-    if (!shape.causal) std::fill(rho.begin(), rho.end(), running);
+    for (int j = 0; j < k_len; ++j) v_exponent_max[j] = running = nan_max(running, v.frontier.exponents[j]);
+    auto rho_of = [&](const KeyRange& seen) { return shape.causal ? v_exponent_max[seen.last] : running; };
 
     std::vector<double> s(tiling::kFwdKeyTile), acc(Dv);
     for (int p = p0; p < p1; ++p) {
-      const KeyRange seen = shape.keys_of(p, len);
+      const KeyRange seen = shape.keys_of(p, len, k_len);
+      double* o = out.o.row(begin + p, h);
+      if (seen.last < seen.first) {  // a causal query before its document's first key: O = 0, LSE = -inf
+        std::fill_n(o, Dv, 0.0);
+        out.lse.at(h, begin + p) = -kInf;
+        out.row_max_prob.at(h, begin + p) = 0.0;
+        continue;
+      }
+      const double rho = rho_of(seen);
       double m = -kInf, l = 0.0;
       std::fill(acc.begin(), acc.end(), 0.0);
       for (int kt = seen.last / tiling::kFwdKeyTile; kt >= seen.first / tiling::kFwdKeyTile; --kt) {  // diagonal first
@@ -266,13 +326,12 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
           const double pj = std::exp2(s[j - j0] - m_new);
           l += pj;  // the row sum uses unrounded p
           const DocOperand& vj = v.at(p, j);
-          const double pt = round_fresh(pj * std::exp2(boost + vj.exponents[j] - rho[p]), st.saturated_p);
+          const double pt = round_fresh(pj * std::exp2(boost + vj.exponents[j] - rho), st.saturated_p);
           if (pt != 0.0) axpy(pt, vj.row(j), acc.data(), Dv);
         }
         m = m_new;
       }
-      const double o_scale = std::exp2(rho[p] - boost) / l;
-      double* o = out.o.row(begin + p, h);
+      const double o_scale = std::exp2(rho - boost) / l;
       for (int f = 0; f < Dv; ++f) o[f] = formats::round_to_bf16(acc[f] * o_scale);
       out.lse.at(h, begin + p) = double(float((m + std::log2(l)) / std::numbers::log2e));
       // l is the row sum relative to the final max m, whose own term is 1: p_max = 2^(m - m) / l.
@@ -291,7 +350,13 @@ ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, c
 Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, const PackedTensor& dout,
                          const Documents& docs, const AttentionShape& shape, const NumericsOptions& options,
                          RouteStats* stats) {
-  check_inputs(in, docs);
+  return mxfp8_backward(in, fwd, dout, docs, docs, shape, options, stats);
+}
+
+Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, const PackedTensor& dout,
+                         const Documents& docs, const Documents& k_docs, const AttentionShape& shape,
+                         const NumericsOptions& options, RouteStats* stats) {
+  check_inputs(in, docs, k_docs, options);
   check_options({shape, options}, in.q.dim);
   check_route_matches(in, options);
   const int T = in.q.tokens, Hq = in.q.heads, Hkv = in.k.heads, D = in.q.dim, Dv = in.v.dim;
@@ -308,7 +373,8 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
   const double scale = shape.scale_for(D), scale_log2e = scale * std::numbers::log2e;
   const int boost = options.p_boost_log2, group = Hq / Hkv;
   const Mxfp8Tensor g_codes = quantize_mxfp8(dout, docs, options.effective_geometry(), options.scale_rule);
-  Gradients out{PackedTensor(T, Hq, D), PackedTensor(T, Hkv, D), PackedTensor(T, Hkv, Dv)};
+  const int Tk = in.k.tokens;
+  Gradients out{PackedTensor(T, Hq, D), PackedTensor(Tk, Hkv, D), PackedTensor(Tk, Hkv, Dv)};
   constexpr int kQT = tiling::kBwdQueryTile, kKT = tiling::kBwdKeyTile;
   // Work item (document, KV head). Inside a long one, each query head runs two parallel phases:
   // (A) per query tile, P and U rows, the rounded dV operand and the finished dQ rows (rows are
@@ -320,21 +386,23 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
 
   auto run_item = [&](int item) {
     const int doc = item / Hkv, kvh = item % Hkv, begin = docs.begin(doc), len = docs.length(doc);
-    if (len == 0) return;
+    const int k_begin = k_docs.begin(doc), k_len = k_docs.length(doc);
+    if (len == 0 || k_len == 0) return;  // no pair: the item's dq, dk and dv rows stay 0
     RouteStats& st = item_stats[item];
-    const PairOperand k = load_pairs(in.k, in.k_interior, begin, len, kvh);
-    const PairOperand v = load_pairs(in.v, in.v_interior, begin, len, kvh);
-    const Nvfp4DocOperand k4 = mixed ? load_nvfp4(in.k_score, begin, len, kvh) : Nvfp4DocOperand{};
-    std::vector<double> dk(size_t(len) * D, 0.0), dv(size_t(len) * Dv, 0.0);
-    // FP16 partials: the largest K and V scale exponents over the keys j <= i and whether one of
-    // those scales is NaN, as prefix maxima over the document (document isolation: no interior codes).
+    const PairOperand k = load_pairs(in.k, in.k_interior, k_begin, k_len, kvh);
+    const PairOperand v = load_pairs(in.v, in.v_interior, k_begin, k_len, kvh);
+    const Nvfp4DocOperand k4 = mixed ? load_nvfp4(in.k_score, k_begin, k_len, kvh) : Nvfp4DocOperand{};
+    std::vector<double> dk(size_t(k_len) * D, 0.0), dv(size_t(k_len) * Dv, 0.0);
+    // FP16 partials: the largest K and V scale exponents over the keys up to each one and whether one
+    // of those scales is NaN, as prefix maxima over the document (document isolation: no interior
+    // codes); a row reads them at its last visible key.
     std::vector<int> ek_max, ev_max;
     std::vector<char> kv_nan;
     if (partials) {
-      ek_max.resize(len), ev_max.resize(len), kv_nan.resize(len);
+      ek_max.resize(k_len), ev_max.resize(k_len), kv_nan.resize(k_len);
       int ek = formats::kMinScaleExponent, ev = formats::kMinScaleExponent;
       bool nan = false;
-      for (int j = 0; j < len; ++j) {
+      for (int j = 0; j < k_len; ++j) {
         const double xk = k.frontier.exponents[j], xv = v.frontier.exponents[j];
         nan = nan || std::isnan(xk) || std::isnan(xv);
         if (!std::isnan(xk)) ek = std::max(ek, int(xk));
@@ -343,10 +411,10 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
       }
     }
     // U_ij (or its 32x32-square rounding) and the rounded dV operand for a chunk of rows x all keys
-    // (0 where masked); chunks of rows keep the memory at kChunkRows x len.
+    // (0 where masked); chunks of rows keep the memory at kChunkRows x k_len.
     constexpr int kChunkRows = 16 * kQT;
     const int chunk_rows = std::min(len, kChunkRows);
-    std::vector<double> U(size_t(chunk_rows) * len), PT(size_t(chunk_rows) * len), residual(len);
+    std::vector<double> U(size_t(chunk_rows) * k_len), PT(size_t(chunk_rows) * k_len), residual(len);
     std::vector<dq_partials::RowFactors> factors(partials ? chunk_rows : 0);  // per row of the chunk
 
     // dV fold reference: the largest dO exponent in the document over the query heads of this KV
@@ -365,20 +433,20 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
      };
      for (int c0 = 0; c0 < len; c0 += kChunkRows) {
       const int c1 = std::min(len, c0 + kChunkRows), tiles = (c1 - c0 + kQT - 1) / kQT;
-      const int keys = last_visible_key(c1 - 1, len, shape) + 1;  // the keys the chunk's rows see
+      const int keys = keys_seen_up_to(c1 - 1, len, k_len, shape);  // the keys the chunk's rows see
       for (int r = 0; r < c1 - c0; ++r) {
-        std::fill_n(&U[size_t(r) * len], keys, 0.0);
-        std::fill_n(&PT[size_t(r) * len], keys, 0.0);
+        std::fill_n(&U[size_t(r) * k_len], keys, 0.0);
+        std::fill_n(&PT[size_t(r) * k_len], keys, 0.0);
       }
       std::vector<RouteStats> tile_stats(tiles);
-      auto u_at = [&](int p, int j) -> double& { return U[size_t(p - c0) * len + j]; };
+      auto u_at = [&](int p, int j) -> double& { return U[size_t(p - c0) * k_len + j]; };
 
       // (A) one task per query tile of the chunk.
       parallel_for(tiles, [&](int tile) {
         RouteStats& ts = tile_stats[tile];
         const int p0 = c0 + tile * kQT, rows = std::min(kQT, len - p0);
         for (int p = p0; p < p0 + rows; ++p) {
-          const KeyRange seen = shape.keys_of(p, len);
+          const KeyRange seen = shape.keys_of(p, len, k_len);
           const double lse2 = fwd.lse.at(h, begin + p) * std::numbers::log2e;
           const double* o = fwd.o.row(begin + p, h);
           double Di = 0.0;  // D_i from the reconstructed dO and the saved O
@@ -390,14 +458,17 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
             double code_sq = 0.0;
             for (int f = 0; f < Dv; ++f) code_sq += g.row(p)[f] * g.row(p)[f];
             const bool g_nan = std::isnan(g.exponents[p]);
+            const bool sees_keys = seen.last >= seen.first;  // else no U: any valid factors
+            const int ek = sees_keys ? ek_max[seen.last] : formats::kMinScaleExponent;
+            const int ev = sees_keys ? ev_max[seen.last] : formats::kMinScaleExponent;
             const dq_partials::RowInputs ri{float(std::sqrt(code_sq)), g_nan ? 0 : int(g.exponents[p]), float(Di),
-                                            float(fwd.row_max_prob.at(h, begin + p)), ek_max[p], ev_max[p],
-                                            g_nan || kv_nan[p] != 0};
+                                            float(fwd.row_max_prob.at(h, begin + p)), ek, ev,
+                                            g_nan || (sees_keys && kv_nan[seen.last] != 0)};
             factors[p - c0] = dq_partials::row_factors(ri, Dv);  // |cv_j|'s bound: V's features
           }
           double row_residual = 0.0;
           double* u_row = &u_at(p, 0);
-          double* pt_row = &PT[size_t(p - c0) * len];
+          double* pt_row = &PT[size_t(p - c0) * k_len];
           for (int j = seen.first; j <= seen.last; ++j) {
             const DocOperand& vj = v.at(p, j);
             const double s2 = logit(p, j), pij = std::exp2(s2 - lse2);
@@ -420,7 +491,7 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
           ts.u_nonzero += uq.nonzero, ts.u_zeroed += uq.zeroed;
           for (int r = 0; r < rows; ++r)  // phase B reads the rounded U
             std::copy_n(&uq.values[size_t(r) * keys], keys, &u_at(p0 + r, 0));
-          const int last_col = last_visible_key(p0 + rows - 1, len, shape);
+          const int last_col = last_visible_key(p0 + rows - 1, len, k_len, shape);
           for (int r = 0; r < rows; ++r) {
             double* dq = out.dq.row(begin + p0 + r, h);
             for (int j = 0; j <= last_col; ++j) {
@@ -441,8 +512,9 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
             const double sigma_scale = formats::decode_ue8m0(fct.sigma);  // NaN for the NaN scale
             const double* u_row = &u_at(p, 0);
             std::fill(acc.begin(), acc.end(), 0.0);
-            for (int j0 = 0; j0 <= p; j0 += kKT) {  // causal: the row's keys are j <= p
-              const int j1 = std::min(j0 + kKT, p + 1);
+            const int last = last_visible_key(p, len, k_len, shape);  // causal: the row's keys are j <= last
+            for (int j0 = 0; j0 <= last; j0 += kKT) {
+              const int j1 = std::min(j0 + kKT, last + 1);
               std::fill(partial.begin(), partial.end(), 0.0);
               for (int j = j0; j < j1; ++j) {
                 const double w = u_row[j] * std::exp2(k.frontier.exponents[j]);
@@ -470,7 +542,7 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
         }
         // dQ = U.K: fold K's per-key scale into U, one U scale per (row, key tile).
         for (int p = p0; p < p0 + rows; ++p) {
-          const KeyRange seen = shape.keys_of(p, len);
+          const KeyRange seen = shape.keys_of(p, len, k_len);
           const double* u_row = &u_at(p, 0);
           double* dq = out.dq.row(begin + p, h);
           // Key tiles from the first that the row sees (a window's earlier ones hold only zeros).
@@ -504,13 +576,13 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
         for (int p0 = c0; p0 < c1; p0 += kQT) {
           const int rows = std::min(kQT, len - p0);
           for (int p = p0; p < p0 + rows; ++p) {
-            const int last = last_visible_key(p, len, shape);
+            const int last = last_visible_key(p, len, k_len, shape);
             for (int j = b0; j < std::min(b1, last + 1); ++j) {
-              const double pt = PT[size_t(p - c0) * len + j];
+              const double pt = PT[size_t(p - c0) * k_len + j];
               if (pt != 0.0) axpy(pt * dv_factor, g.row(p), &dv[size_t(j) * Dv], Dv);
             }
           }
-          const int last_col = std::min(b1 - 1, last_visible_key(p0 + rows - 1, len, shape));
+          const int last_col = std::min(b1 - 1, last_visible_key(p0 + rows - 1, len, k_len, shape));
           for (int j = b0; j <= last_col; ++j) {
             if (squares) {
               for (int r = 0; r < rows; ++r) {
@@ -538,9 +610,9 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
         ++st.rows;
       }
     }
-    for (int j = 0; j < len; ++j) {
-      std::copy_n(&dk[size_t(j) * D], D, out.dk.row(begin + j, kvh));
-      std::copy_n(&dv[size_t(j) * Dv], Dv, out.dv.row(begin + j, kvh));
+    for (int j = 0; j < k_len; ++j) {
+      std::copy_n(&dk[size_t(j) * D], D, out.dk.row(k_begin + j, kvh));
+      std::copy_n(&dv[size_t(j) * Dv], Dv, out.dv.row(k_begin + j, kvh));
     }
   };
   parallel_for_small_then_large(
@@ -561,10 +633,16 @@ Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, c
 TrainingOutputs mxfp8_training(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
                                const PackedTensor& dout, const Documents& docs, const AttentionShape& shape,
                                const NumericsOptions& options) {
+  return mxfp8_training(q, k, v, dout, docs, docs, shape, options);
+}
+
+TrainingOutputs mxfp8_training(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
+                               const PackedTensor& dout, const Documents& docs, const Documents& k_docs,
+                               const AttentionShape& shape, const NumericsOptions& options) {
   TrainingOutputs out;
-  const QuantizedInputs codes = quantize_inputs(q, k, v, docs, options);
-  out.fwd = mxfp8_forward(codes, docs, shape, options, &out.stats);
-  out.grads = mxfp8_backward(codes, out.fwd, dout, docs, shape, options, &out.stats);
+  const QuantizedInputs codes = quantize_inputs(q, k, v, docs, k_docs, options);
+  out.fwd = mxfp8_forward(codes, docs, k_docs, shape, options, &out.stats);
+  out.grads = mxfp8_backward(codes, out.fwd, dout, docs, k_docs, shape, options, &out.stats);
   return out;
 }
 

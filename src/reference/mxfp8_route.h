@@ -77,15 +77,28 @@ struct QuantizedInputs {
 
 QuantizedInputs quantize_inputs(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
                                 const Documents& docs, const NumericsOptions& options);
+// Documents with their own key lengths (flash_attn's cu_seqlens_q and cu_seqlens_k, as many of each):
+// Q's (and dO's) scale groups count from the query documents' starts, K's and V's from the key
+// documents', and the mask is aligned bottom-right (AttentionShape::keys_of), so a query chunk that
+// starts on a 128-token tile and attends its document's key prefix gets bitwise the whole call's O,
+// LSE and dQ rows. A row that sees no key gets O = 0 and LSE = -inf. Prefix isolation needs the
+// same documents for both (its interior pairs are positions shared by queries and keys).
+QuantizedInputs quantize_inputs(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
+                                const Documents& q_docs, const Documents& k_docs, const NumericsOptions& options);
 
 // O (rounded to BF16) and the natural-log LSE (rounded to FP32), as the GPU returns them.
 ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& docs, const AttentionShape& shape,
                              const NumericsOptions& options, RouteStats* stats = nullptr);
+ForwardOutputs mxfp8_forward(const QuantizedInputs& in, const Documents& q_docs, const Documents& k_docs,
+                             const AttentionShape& shape, const NumericsOptions& options, RouteStats* stats = nullptr);
 
 // dQ, dK, dV (rounded to BF16, rotated back when Q and K were rotated) for incoming dout.
 Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, const PackedTensor& dout,
                          const Documents& docs, const AttentionShape& shape, const NumericsOptions& options,
                          RouteStats* stats = nullptr);
+Gradients mxfp8_backward(const QuantizedInputs& in, const ForwardOutputs& fwd, const PackedTensor& dout,
+                         const Documents& q_docs, const Documents& k_docs, const AttentionShape& shape,
+                         const NumericsOptions& options, RouteStats* stats = nullptr);
 
 // One training call for a fixed dO: Q, K and V quantized, the forward, then the backward for dout.
 struct TrainingOutputs {
@@ -96,5 +109,8 @@ struct TrainingOutputs {
 TrainingOutputs mxfp8_training(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
                                const PackedTensor& dout, const Documents& docs, const AttentionShape& shape,
                                const NumericsOptions& options);
+TrainingOutputs mxfp8_training(const PackedTensor& q, const PackedTensor& k, const PackedTensor& v,
+                               const PackedTensor& dout, const Documents& q_docs, const Documents& k_docs,
+                               const AttentionShape& shape, const NumericsOptions& options);
 
 }  // namespace flamia::reference

@@ -1,8 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "analysis/inputs.h"
 #include "analysis/metrics.h"
@@ -328,6 +330,125 @@ TEST(Mxfp8Route, ValueHeadDimOfItsOwnMeetsTheBars) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("dout must have the shape of q with v's head dim"), std::string::npos);
   }
+}
+
+// Tokens t0 .. t1 - 1 of x, all heads.
+PackedTensor token_rows(const PackedTensor& x, int t0, int t1) {
+  PackedTensor out(t1 - t0, x.heads, x.dim);
+  std::copy(x.row(t0, 0), x.row(t1, 0), out.data.begin());
+  return out;
+}
+std::vector<double> head_rows(const HeadTokenTensor& x, int h, int t0, int t1) {
+  std::vector<double> out;
+  for (int t = t0; t < t1; ++t) out.push_back(x.at(h, t));
+  return out;
+}
+void expect_bars(const Gradients& g, const Gradients& exact) {
+  EXPECT_GE(compare(g.dq.data, exact.dq.data).cosine, 0.997);
+  EXPECT_GE(compare(g.dk.data, exact.dk.data).cosine, 0.997);
+  EXPECT_GE(compare(g.dv.data, exact.dv.data).cosine, 0.997);
+}
+
+// Documents with their own key lengths (cu_seqlens_k): a query chunk that starts on a 128-token tile
+// and attends its document's key prefix gets bitwise the whole call's O, LSE and dQ rows (scale
+// groups, tiles and fold references all count from the same starts), in both dQ reductions; with
+// the chunk before it (its own prefix), the chunks' dK and dV add up to the whole call's.
+TEST(Mxfp8Route, QueryChunksOverTheirKeyPrefixGiveTheWholeCallsRows) {
+  const auto in = analysis::random_inputs({{768}, 4, 2, 64}, 11);
+  const AttentionShape shape{.causal = true};
+  const int cut = 256, T = 768;
+  const int first[] = {cut}, rest[] = {T - cut}, all[] = {T};
+  const Documents first_docs = Documents::from_lengths(first), rest_docs = Documents::from_lengths(rest),
+                  all_docs = Documents::from_lengths(all);
+  const auto exact = reference_forward(in.q, in.k, in.v, in.docs, shape);
+  const auto exact_grads = reference_backward(in.q, in.k, in.v, exact.o, exact.lse, in.dout, in.docs, shape);
+  NumericsOptions deterministic;
+  deterministic.dq_reduction = DqReduction::kDeterministic;
+  for (const NumericsOptions& opt : {NumericsOptions{}, deterministic}) {
+    SCOPED_TRACE(to_string(opt.dq_reduction));
+    const TrainingOutputs whole = mxfp8_training(in.q, in.k, in.v, in.dout, in.docs, shape, opt);
+    const TrainingOutputs tail = mxfp8_training(token_rows(in.q, cut, T), in.k, in.v, token_rows(in.dout, cut, T),
+                                                rest_docs, all_docs, shape, opt);
+    EXPECT_EQ(tail.fwd.o.data, token_rows(whole.fwd.o, cut, T).data);
+    EXPECT_EQ(tail.grads.dq.data, token_rows(whole.grads.dq, cut, T).data);
+    for (int h = 0; h < in.q.heads; ++h) EXPECT_EQ(head_rows(tail.fwd.lse, h, 0, T - cut), head_rows(whole.fwd.lse, h, cut, T));
+    ASSERT_EQ(tail.grads.dk.tokens, T);
+    const TrainingOutputs head = mxfp8_training(token_rows(in.q, 0, cut), token_rows(in.k, 0, cut),
+                                                token_rows(in.v, 0, cut), token_rows(in.dout, 0, cut), first_docs,
+                                                first_docs, shape, opt);
+    Gradients merged = tail.grads;
+    for (int t = 0; t < cut; ++t)
+      for (int g = 0; g < in.k.heads; ++g)
+        for (int f = 0; f < in.k.dim; ++f) {
+          merged.dk.at(t, g, f) += head.grads.dk.at(t, g, f);
+          merged.dv.at(t, g, f) += head.grads.dv.at(t, g, f);
+        }
+    merged.dq = whole.grads.dq;
+    expect_bars(merged, exact_grads);
+    EXPECT_GE(compare(merged.dk.data, whole.grads.dk.data).cosine, 0.9995);
+    EXPECT_GE(compare(merged.dv.data, whole.grads.dv.data).cosine, 0.9995);
+  }
+}
+
+// Fewer keys than queries in one document and more in the other, causal (bottom-right) and not:
+// the bars against the FP64 reference with the same documents; a causal row before its document's
+// first key gets O = 0, LSE = -inf and dQ = 0.
+TEST(Mxfp8Route, DocumentsWithTheirOwnKeyLengthsMeetTheBars) {
+  const int q_lengths[] = {300, 100}, k_lengths[] = {200, 180};
+  const Documents q_docs = Documents::from_lengths(q_lengths), k_docs = Documents::from_lengths(k_lengths);
+  const auto qs = analysis::random_inputs({{300, 100}, 4, 2, 64}, 21);
+  const auto ks = analysis::random_inputs({{200, 180}, 4, 2, 64}, 22);
+  for (bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "non-causal");
+    const AttentionShape shape{.causal = causal};
+    const auto exact = reference_forward(qs.q, ks.k, ks.v, q_docs, k_docs, shape);
+    const auto exact_grads =
+        reference_backward(qs.q, ks.k, ks.v, exact.o, exact.lse, qs.dout, q_docs, k_docs, shape);
+    const TrainingOutputs out = mxfp8_training(qs.q, ks.k, ks.v, qs.dout, q_docs, k_docs, shape, NumericsOptions{});
+    EXPECT_GE(compare(out.fwd.o.data, exact.o.data).cosine, 0.998);
+    expect_bars(out.grads, exact_grads);
+    ASSERT_EQ(out.grads.dk.tokens, 380);
+    for (int p = 0; p < 300; ++p) {
+      const bool empty = causal && p < 100;  // query p sits at key p - 100
+      EXPECT_EQ(std::isinf(out.fwd.lse.at(0, p)) && out.fwd.lse.at(0, p) < 0, empty) << p;
+      if (empty)
+        for (int f = 0; f < 64; ++f) {
+          EXPECT_EQ(out.fwd.o.at(p, 1, f), 0.0);
+          EXPECT_EQ(out.grads.dq.at(p, 1, f), 0.0);
+        }
+    }
+  }
+}
+
+TEST(Mxfp8Route, DocumentsWithTheirOwnKeyLengthsRefuseWhatTheyCannotServe) {
+  const int q_lengths[] = {64, 64}, k_lengths[] = {32, 96}, one[] = {128};
+  const Documents q_docs = Documents::from_lengths(q_lengths), k_docs = Documents::from_lengths(k_lengths),
+                  one_doc = Documents::from_lengths(one);
+  const auto in = analysis::random_inputs({{64, 64}, 2, 2, 64}, 31);
+  auto expect_refused = [](auto call, const std::string& message) {
+    try {
+      call();
+      ADD_FAILURE() << "accepted; expected: " << message;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  };
+  NumericsOptions prefix;
+  prefix.isolation = Isolation::kPrefix;
+  expect_refused([&] { mxfp8_training(in.q, in.k, in.v, in.dout, q_docs, k_docs, {.causal = true}, prefix); },
+                 "isolation=prefix needs the same documents for queries and keys");
+  expect_refused([&] { mxfp8_training(in.q, in.k, in.v, in.dout, q_docs, one_doc, {}, NumericsOptions{}); },
+                 "cu_seqlens_q holds 2 documents but cu_seqlens_k 1");
+  const int short_k[] = {32, 64};
+  const Documents short_docs = Documents::from_lengths(short_k);
+  expect_refused([&] { mxfp8_training(in.q, in.k, in.v, in.dout, q_docs, short_docs, {}, NumericsOptions{}); },
+                 "k and v have 128 and 128 tokens but cu_seqlens_k covers 96");
+  // Equal documents given as two objects: served, bitwise the one-object call.
+  const Documents copy = Documents::from_lengths(q_lengths);
+  const TrainingOutputs a = mxfp8_training(in.q, in.k, in.v, in.dout, q_docs, copy, {}, prefix);
+  const TrainingOutputs b = mxfp8_training(in.q, in.k, in.v, in.dout, q_docs, {}, prefix);
+  EXPECT_EQ(a.fwd.o.data, b.fwd.o.data);
+  EXPECT_EQ(a.grads.dk.data, b.grads.dk.data);
 }
 
 // The default probed row reads prefix isolation's interior codes (keys kFrontierTiles tiles back),
