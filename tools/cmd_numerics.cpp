@@ -41,7 +41,7 @@ bool default_config_meets_bars(const std::vector<analysis::NumericsRow>& rows, s
 int run_numerics_command(int argc, char** argv) {
   int docs = 2, len = 1024, heads = 4, kv_heads = 0, dim = 128;  // kv_heads 0: not given, as many as heads
   int value_dim = 0;                                              // 0: not given, --dim
-  std::vector<int> lengths, window = {-1, -1};
+  std::vector<int> lengths, key_lengths, window = {-1, -1};
   double softcap = 0.0;
   uint64_t seed = 0;
   bool json = false, quiet = false, non_causal = false, check = false, default_only = false, force = false;
@@ -56,6 +56,11 @@ int run_numerics_command(int argc, char** argv) {
   args.option("docs", &docs, "number of documents of length --len", 1);
   args.option("len", &len, "tokens per document", 1);
   args.option("lengths", &lengths, "explicit document lengths, each >= 0 (overrides --docs/--len)", 0);
+  args.option("key-lengths", &key_lengths,
+              "each document's keys, as many as documents, each >= 0 (flash_attn's cu_seqlens_k: the masks align "
+              "bottom-right; prefix isolation, which needs equal documents, is then left out)",
+              0);
+  args.set_default_text("key-lengths", "the document lengths");
   args.option("heads", &heads, "query heads", 1);
   args.option("kv-heads", &kv_heads, "key/value heads: a divisor of --heads, >= 1", 1);
   args.set_default_text("kv-heads", "--heads");
@@ -94,6 +99,21 @@ int run_numerics_command(int argc, char** argv) {
     sizes = DocumentSizes::of(lengths);
   }
   if (sizes.tokens == 0) throw UsageError("the documents hold no tokens (every length is 0): there is nothing to compare");
+  if (!key_lengths.empty()) {
+    const int64_t documents = lengths.empty() ? docs : int64_t(lengths.size());
+    if (int64_t(key_lengths.size()) != documents)
+      throw UsageError("--key-lengths lists " + std::to_string(key_lengths.size()) + " documents but there are " +
+                       std::to_string(documents));
+    usage_check([&] { total_tokens_of(key_lengths); });
+    if (std::all_of(key_lengths.begin(), key_lengths.end(), [](int n) { return n == 0; }))
+      throw UsageError("the key documents hold no keys (every --key-lengths is 0): there is nothing to attend to");
+    if (lengths.empty()) lengths.assign(docs, len);  // as many as --key-lengths lists: small
+    // Sized at each document's larger side: a bound on its pairs and rows.
+    std::vector<int> larger(lengths.size());
+    for (size_t d = 0; d < lengths.size(); ++d) larger[d] = std::max(lengths[d], key_lengths[d]);
+    sizes = DocumentSizes::of(larger);
+    if (key_lengths == lengths) key_lengths.clear();  // self-attention after all
+  }
   if (kv_heads == 0) kv_heads = heads;
   if (heads % kv_heads != 0) throw UsageError("--heads must be a positive multiple of --kv-heads");
 
@@ -102,7 +122,7 @@ int run_numerics_command(int argc, char** argv) {
       .causal = !non_causal, .window_left = window[0], .window_right = window[1], .softcap = softcap};
   std::vector<NumericsOptions> configs;
   for (const auto& c : compare_routes ? analysis::route_comparison_configs() : analysis::default_numerics_configs())
-    if (shape.causal || c.isolation != Isolation::kPrefix) configs.push_back(c);
+    if ((shape.causal && key_lengths.empty()) || c.isolation != Isolation::kPrefix) configs.push_back(c);
   if (default_only) configs.resize(1);  // the first configuration is the default route
   // Every configuration's rules for this head dim (the core's, as in every call), before any runs:
   // the first (the default route, which --check judges) must hold; another that this head dim does
@@ -123,7 +143,7 @@ int run_numerics_command(int argc, char** argv) {
   if (value_dim == 0) value_dim = dim;
   // Sized at the larger of the two head dims: a bound on both.
   const RunEstimate estimate = estimate_numerics(sizes, heads, kv_heads, std::max(dim, value_dim), shape.causal, steps);
-  refuse_if_too_large(estimate, force, "--docs, --len, --lengths, --heads, --dim, --dv");
+  refuse_if_too_large(estimate, force, "--docs, --len, --lengths, --key-lengths, --heads, --dim, --dv");
   if (lengths.empty()) lengths.assign(docs, len);  // known to fit now
 
   const ProgressLog log(quiet);
@@ -133,7 +153,7 @@ int run_numerics_command(int argc, char** argv) {
   {
     StepProgress progress(log, quiet, estimate.step_seconds);
     progress.step("generating inputs");
-    const auto inputs = analysis::random_inputs({lengths, heads, kv_heads, dim, value_dim}, seed);
+    const auto inputs = analysis::random_inputs({lengths, heads, kv_heads, dim, value_dim, key_lengths}, seed);
     rows = analysis::run_numerics(inputs, shape, configs, [&](const std::string& step) { progress.step(step); });
   }
   log("done");
@@ -163,8 +183,13 @@ int run_numerics_command(int argc, char** argv) {
     for (size_t i = 0; i < left_out.size(); ++i) std::printf("%s%s", i ? ", " : "", json_string(left_out[i]).c_str());
     std::printf("], \"meets_bars\": %s}\n", json_bool(bars).c_str());
   } else {
-    std::string ls;
-    for (int n : lengths) ls += (ls.empty() ? "" : ",") + std::to_string(n);
+    auto list = [](const std::vector<int>& v) {
+      std::string out;
+      for (int n : v) out += (out.empty() ? "" : ",") + std::to_string(n);
+      return out;
+    };
+    std::string ls = list(lengths);
+    if (!key_lengths.empty()) ls += "], keys [" + list(key_lengths);
     std::string mask = shape.causal ? "causal" : "non-causal";
     if (shape.windowed())
       mask += ", window (" + std::to_string(shape.window_left) + ", " + std::to_string(shape.window_right) + ")";

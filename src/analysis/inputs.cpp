@@ -37,12 +37,14 @@ void fill_rows(reference::PackedTensor& x, int t0, int t1, NormalRng& rng) {
 
 AttentionInputs random_inputs(const InputShape& s, uint64_t seed) {
   Documents docs = Documents::from_lengths(s.lengths);
-  const int T = docs.total_tokens();
+  std::optional<Documents> k_docs;
+  if (!s.key_lengths.empty()) k_docs = Documents::from_lengths(s.key_lengths);
+  const int T = docs.total_tokens(), Tk = k_docs ? k_docs->total_tokens() : T;
   AttentionInputs in{std::move(docs), reference::PackedTensor(T, s.q_heads, s.head_dim),
-                     reference::PackedTensor(T, s.kv_heads, s.head_dim), reference::PackedTensor(T, s.kv_heads, s.dv()),
-                     reference::PackedTensor(T, s.q_heads, s.dv())};
+                     reference::PackedTensor(Tk, s.kv_heads, s.head_dim), reference::PackedTensor(Tk, s.kv_heads, s.dv()),
+                     reference::PackedTensor(T, s.q_heads, s.dv()), std::move(k_docs)};
   NormalRng rng(seed);
-  for (auto* x : {&in.q, &in.k, &in.v, &in.dout}) fill_rows(*x, 0, T, rng);
+  for (auto* x : {&in.q, &in.k, &in.v, &in.dout}) fill_rows(*x, 0, x->tokens, rng);
   return in;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "core/documents.h"
@@ -15,12 +16,17 @@ namespace flamia::analysis {
 struct AttentionInputs {
   Documents docs;
   reference::PackedTensor q, k, v, dout;
+  // The key documents (flash_attn's cu_seqlens_k) when they differ from the query documents; k and
+  // v then hold their tokens.
+  std::optional<Documents> k_docs;
+  const Documents& key_docs() const { return k_docs ? *k_docs : docs; }
 };
 
 struct InputShape {
   std::vector<int> lengths;
   int q_heads = 4, kv_heads = 4, head_dim = 128;
   int value_dim = 0;  // V's and dO's (and O's) features; 0: head_dim
+  std::vector<int> key_lengths{};  // each document's keys; empty: lengths (self-attention)
   int dv() const { return value_dim > 0 ? value_dim : head_dim; }
 };
 

@@ -281,6 +281,24 @@ def test_numerics_runs_a_value_head_dim_of_its_own():
     assert "--dv expects an integer from 1" in refused("numerics", "--dv", "0")
 
 
+def test_numerics_runs_documents_with_their_own_key_lengths():
+    # Fewer keys than queries in the first document (its first 100 queries see none: LSE -inf on
+    # both sides, left out of the LSE comparison) and more in the second; prefix isolation, which
+    # needs equal documents, is left out.
+    out = run("numerics", "--lengths", "300,100", "--key-lengths", "200,180", "--dim", "64", "--heads", "2",
+              "--check", "--json", "--quiet")
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = json.loads(out.stdout)["rows"]
+    assert rows and all(r["isolation"] == "document" for r in rows)
+    assert all(r["cosine"] is not None and r["cosine"] > 0.99 for r in rows if r["tensor"] == "lse")
+    table = run("numerics", "--lengths", "300,100", "--key-lengths", "200,180", "--dim", "64", "--heads", "2",
+                "--default-only", "--quiet")
+    assert "documents [300,100], keys [200,180], causal" in table.stdout
+    assert "--key-lengths lists 3 documents but there are 2" in refused("numerics", "--key-lengths", "1,2,3")
+    assert "expects a comma-separated list of integers from 0" in refused("numerics", "--key-lengths", "5,-1")
+    assert "the key documents hold no keys" in refused("numerics", "--key-lengths", "0,0")
+
+
 def test_probe_passes_under_a_sliding_window_and_softcap():
     out = run("probe", "--dim", "64", "--window", "96", "--softcap", "5", "--quiet")
     assert out.returncode == 0, out.stdout + out.stderr
