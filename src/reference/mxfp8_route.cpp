@@ -156,13 +156,6 @@ PairOperand load_pairs(const Mxfp8Tensor& x, const Mxfp8Tensor& x_interior, int 
   return out;
 }
 
-bool same_documents(const Documents& a, const Documents& b) {
-  if (&a == &b) return true;
-  if (a.count() != b.count()) return false;
-  for (int d = 0; d < a.count(); ++d)
-    if (a.begin(d) != b.begin(d) || a.length(d) != b.length(d)) return false;
-  return true;
-}
 
 // q_docs and k_docs: cu_seqlens_q and cu_seqlens_k (the same object for self-attention), against
 // the tokens of q, k and v.
@@ -183,7 +176,7 @@ void check_documents(int q_tokens, int k_tokens, int v_tokens, const Documents& 
     throw std::invalid_argument("cu_seqlens_q holds " + std::to_string(q_docs.count()) + " documents but cu_seqlens_k " +
                                 std::to_string(k_docs.count()));
   // Interior pairs are a property of one token position shared by queries and keys (core/tiling.h).
-  if (options.isolation == Isolation::kPrefix && !same_documents(q_docs, k_docs))
+  if (options.isolation == Isolation::kPrefix && q_docs.cu_seqlens() != k_docs.cu_seqlens())
     throw std::invalid_argument(
         "isolation=prefix needs the same documents for queries and keys (cu_seqlens_k equal to cu_seqlens_q)");
 }
