@@ -752,7 +752,7 @@ __device__ __forceinline__ void consume(const DkdvArgs& args, const DkdvWork& w,
     // products' issue, so that they do not wait with it.
     if (kDqPartials) {
       dq_partials::fence_shared_for_async();
-      dq_partials::named_barrier_sync(dq_partials::kUTileBarrier, 2 * 128);
+      named_barrier_sync(NamedBarrier::kDqPartialsUTile, 2 * 128);
     }
     if constexpr (kDkParts == 1) wgmma_wait<0>();
     else wgmma_wait<1>();  // part 0 done, dV may still run

@@ -20,14 +20,8 @@
 
 namespace flamia::cuda::sm90::dq_partials {
 
-// The named barrier of the step's U~ tile (both consumers wrote their keys). 1 and 2 are
-// ConsumerTurns'; FP16 partials run without turns, but keep clear.
-inline constexpr int kUTileBarrier = 3;
 inline constexpr int kRowBytes = 128;  // a U~ row (128 keys) and an FP16 partial row (64 features)
 
-__device__ __forceinline__ void named_barrier_sync(int barrier, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(barrier), "r"(threads) : "memory");
-}
 // Shared-memory writes by this thread become visible to the async proxy (wgmma, TMA).
 __device__ __forceinline__ void fence_shared_for_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 

@@ -55,9 +55,6 @@ using namespace forward_tile;
 constexpr int kStages = 5;  // tile i's K and V, tile i-1's V (still in P.V), tiles i+1.. landing
 constexpr int kQueryBuffers = 2;  // item n's Q tile in buffer n % 2: item n + 1's loads while n runs
 constexpr int kProducerLanes = 32;   // the Q ring's producer warp (the publisher)
-// Named barriers: 0 is __syncthreads', ConsumerTurns' default pair 1, 2 the products' turns, and
-// this pair (3, 4) the softmax turns of consume_items.
-constexpr int kSoftmaxTurnBarrier = 3;
 
 template <int D>
 struct SharedTiles {
@@ -321,7 +318,7 @@ __device__ __forceinline__ void consume_items(const ForwardArgs& args, SharedTil
   // other on the shared issue slots and pipes; in turns the forward kernel measured -1.6% at
   // 4x16384, -2.4% at 16x4096, -1.7% at 8x8192 (the exponentials alone in turns were 3%
   // slower, and the same turn taken here around the whole tile_softmax call 15% slower; LEVERS.md).
-  const ConsumerTurns<kTurns, kSoftmaxTurnBarrier> softmax_turns{me.consumer};
+  const ConsumerTurns<kTurns, NamedBarrier::kForwardSoftmaxTurns> softmax_turns{me.consumer};
   turns.open();
   softmax_turns.open();
   {  // the first item's step 0: S_0 alone

@@ -102,6 +102,18 @@ struct StageRing {
   __device__ __forceinline__ void arrive_empty(int i) { barrier_arrive(empty[i % kStages]); }
 };
 
+// --- named barriers ------------------------------------------------------------------------------
+// The named barriers (bar.sync / bar.arrive ids; 0 is __syncthreads') of every kernel, in one place
+// so that no two roles of one kernel share an id. A pair takes its id and the next.
+struct NamedBarrier {
+  static constexpr int kConsumerTurns = 1;        // ConsumerTurns' default pair (1, 2): the products' turns
+  static constexpr int kForwardSoftmaxTurns = 3;  // the forward's softmax turns (3, 4)
+  static constexpr int kDqPartialsUTile = 3;      // dK dV's U~ tile, both consumers (FP16 partials take no turns)
+};
+__device__ __forceinline__ void named_barrier_sync(int barrier, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(barrier), "r"(threads) : "memory");
+}
+
 // --- consumer turns (FA3's ping-pong) -------------------------------------------------------------
 // Two consumer warpgroups take turns at issuing their tensor-core products, so that the products
 // queue on the tensor cores as consumer 0's, 1's, 0's, ... and one warpgroup's arithmetic (the
@@ -112,13 +124,13 @@ struct StageRing {
 // same turns, between open() and close(). Consumer 0 goes first: consumer 1
 // opens with one arrival on consumer 0's barrier, which consumer 0 takes back when it closes, so
 // that no arrival is left pending when the CTA exits.
-// Named barriers kFirstBarrier + c (c = 0, 1: barriers 1 and 2 by default; barrier 0 is
-// __syncthreads'), each counting both warpgroups' threads: consumer c's 128 wait on it (bar.sync),
+// Named barriers kFirstBarrier + c (c = 0, 1: NamedBarrier's kConsumerTurns pair by default), each
+// counting both warpgroups' threads: consumer c's 128 wait on it (bar.sync),
 // the other's 128 arrive (bar.arrive).
 // With kActive false every call is a no-op: a kernel takes turns or not as a template parameter
 // (kernel_problem.h, consumers_take_turns), because a run-time choice of each turn (a predicate
 // held through the tile loop) cost the forward 1-3% even where no turn was taken.
-template <bool kActive, int kFirstBarrier = 1>
+template <bool kActive, int kFirstBarrier = NamedBarrier::kConsumerTurns>
 struct ConsumerTurns {
   static_assert(kFirstBarrier >= 1 && kFirstBarrier + 1 < 16, "named barriers 1..15");
   static constexpr int kThreads = 2 * 128;
