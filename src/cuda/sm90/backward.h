@@ -87,4 +87,32 @@ inline bool dq_partials_supported(int head_dim, bool causal, bool interior_codes
          total_tokens >= int64_t(kDqPartialsFromMeanDocument) * num_docs;
 }
 
+// The dK dV kernel's instances (backward_dkdv.cu's template arguments), each compiled for D = 64 and
+// 128 except the FP16 partials' (D = 128 only): 11 kernels.
+struct DkdvInstance {
+  bool persistent;      // one CTA per SM taking items in turn (short documents), else one CTA per item
+  bool turns;           // the consumers take turns at their products (tma.cuh's ConsumerTurns)
+  bool interior_codes;  // prefix isolation's block32 interior codes (KernelProblem::interior_codes)
+  bool dq_partials;     // dQ by FP16 partials inside the pass (BackwardParams::dq_partials)
+  constexpr bool operator==(const DkdvInstance&) const = default;
+};
+inline constexpr DkdvInstance kDkdvInstances[] = {
+    {.persistent = false, .turns = false, .interior_codes = false, .dq_partials = false},
+    {.persistent = false, .turns = true, .interior_codes = false, .dq_partials = false},
+    {.persistent = false, .turns = false, .interior_codes = true, .dq_partials = false},
+    {.persistent = true, .turns = false, .interior_codes = false, .dq_partials = false},
+    {.persistent = true, .turns = false, .interior_codes = true, .dq_partials = false},
+    {.persistent = false, .turns = false, .interior_codes = false, .dq_partials = true},
+};
+// The instance a call runs: the FP16 partials' where the C API chose them, else the persistent
+// schedule for short documents (dkdv_runs_persistent), else one CTA per item, with turns where they
+// pay (kernel_problem.h's consumers_take_turns) and never with interior codes.
+inline DkdvInstance dkdv_instance(const BackwardParams& p) {
+  if (p.dq_partials) return {.persistent = false, .turns = false, .interior_codes = false, .dq_partials = true};
+  if (dkdv_runs_persistent(p.total_tokens, p.num_docs))
+    return {.persistent = true, .turns = false, .interior_codes = p.interior_codes, .dq_partials = false};
+  const bool turns = !p.interior_codes && consumers_take_turns(p.group_scales, p.total_tokens, p.num_docs);
+  return {.persistent = false, .turns = turns, .interior_codes = p.interior_codes, .dq_partials = false};
+}
+
 }  // namespace flamia::cuda::sm90

@@ -24,6 +24,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <iterator>
+#include <utility>
 
 #include "core/operand_layout.h"
 #include "core/tiling.h"
@@ -848,6 +850,37 @@ __global__ void __launch_bounds__(kThreads, 1) backward_dkdv_kernel(const __grid
   }
 }
 
+// The shared-memory tail an instance uses.
+constexpr DkdvTailUse tail_use(DkdvInstance k) {
+  return k.dq_partials ? DkdvTailUse::kDqPartials : k.interior_codes ? DkdvTailUse::kInteriorKeys : DkdvTailUse::kNone;
+}
+// Launches instance kDkdvInstances[I] at head dim D (the FP16 partials' exists at D = 128 only).
+template <int D, size_t I>
+cudaError_t launch_instance(const DkdvArgs& args, cudaStream_t stream) {
+  constexpr DkdvInstance k = kDkdvInstances[I];
+  if constexpr (k.dq_partials && D != kConsumers * kDqFeatures) {
+    return cudaErrorInvalidValue;
+  } else {
+    const BackwardParams& p = args.p;
+    const auto kernel = backward_dkdv_kernel<D, k.persistent, k.turns, k.interior_codes, k.dq_partials>;
+    constexpr size_t kSmem = kDkdvSharedBytes<D, k.persistent, tail_use(k)>;
+    if constexpr (k.persistent) {
+      const int64_t items = order::table_entries(p.total_tokens, p.num_docs) * p.kv_heads;
+      return launch_persistent(kernel, args, kSmem, kThreads, items, p.work_counter, stream);
+    } else {
+      return launch_over_tile_slots(kernel, args, kSmem, kThreads, p.total_tokens, p.num_docs, kKeyRows, p.kv_heads,
+                                    stream);
+    }
+  }
+}
+// Launches the table's entry equal to `chosen`.
+template <int D, size_t... I>
+cudaError_t launch_chosen(DkdvInstance chosen, const DkdvArgs& args, cudaStream_t stream, std::index_sequence<I...>) {
+  cudaError_t e = cudaErrorInvalidValue;
+  (void)((chosen == kDkdvInstances[I] && (e = launch_instance<D, I>(args, stream), true)) || ...);
+  return e;
+}
+
 }  // namespace
 
 int launch_backward_dkdv(const BackwardParams& p, void* stream) {
@@ -870,39 +903,17 @@ int launch_backward_dkdv(const BackwardParams& p, void* stream) {
         e = rows_form_map(args.v_interior_map, p.v_interior_codes, p.total_tokens, p.kv_heads, D, kKeyRows);
     }
     if (e != cudaSuccess) return e;
-    const auto cuda_stream = static_cast<cudaStream_t>(stream);
-    if (p.dq_partials) {
-      if constexpr (D == kConsumers * kDqFeatures) {
-        if (!dq_partials_supported(D, p.causal, p.interior_codes, p.total_tokens, p.num_docs))
-          return cudaErrorInvalidValue;
-        e = transposed_form_map(args.kt_map, p.k_codes_t, p.t_pitch, p.kv_heads, D, kKeyRows);
-        if (e == cudaSuccess)
-          e = fp16_rows_map(args.dq_map, p.dq, p.total_tokens, p.q_heads, D, p.dq_stride_token, p.dq_stride_head,
-                            kDqWarpRows, kDqFeatures);
-        if (e != cudaSuccess) return e;
-        return launch_over_tile_slots(backward_dkdv_kernel<D, false, false, false, true>, args,
-                                      kDkdvSharedBytes<D, false, DkdvTailUse::kDqPartials>, kThreads, p.total_tokens,
-                                      p.num_docs, kKeyRows, p.kv_heads, cuda_stream);
-      } else {
+    if (p.dq_partials) {  // the FP16 partials' maps: K transposed (B of dQ) and dQ's FP16 accumulator
+      if (!dq_partials_supported(D, p.causal, p.interior_codes, p.total_tokens, p.num_docs))
         return cudaErrorInvalidValue;
-      }
+      e = transposed_form_map(args.kt_map, p.k_codes_t, p.t_pitch, p.kv_heads, D, kKeyRows);
+      if (e == cudaSuccess)
+        e = fp16_rows_map(args.dq_map, p.dq, p.total_tokens, p.q_heads, D, p.dq_stride_token, p.dq_stride_head,
+                          kDqWarpRows, kDqFeatures);
+      if (e != cudaSuccess) return e;
     }
-    if (dkdv_runs_persistent(p.total_tokens, p.num_docs)) {
-      const int64_t items = order::table_entries(p.total_tokens, p.num_docs) * p.kv_heads;
-      if (p.interior_codes)
-        return launch_persistent(backward_dkdv_kernel<D, true, false, true>, args, kDkdvSharedBytes<D, true, DkdvTailUse::kInteriorKeys>, kThreads,
-                                 items, p.work_counter, cuda_stream);
-      return launch_persistent(backward_dkdv_kernel<D, true, false, false>, args,
-                               kDkdvSharedBytes<D, true, DkdvTailUse::kNone>, kThreads, items, p.work_counter, cuda_stream);
-    }
-    if (p.interior_codes)  // prefix isolation: per-query Q and dO scales, no turns
-      return launch_over_tile_slots(backward_dkdv_kernel<D, false, false, true>, args, kDkdvSharedBytes<D, false, DkdvTailUse::kInteriorKeys>,
-                                    kThreads, p.total_tokens, p.num_docs, kKeyRows, p.kv_heads, cuda_stream);
-    const auto grid_kernel = consumers_take_turns(p.group_scales, p.total_tokens, p.num_docs)
-                                 ? backward_dkdv_kernel<D, false, true, false>
-                                 : backward_dkdv_kernel<D, false, false, false>;
-    return launch_over_tile_slots(grid_kernel, args, kDkdvSharedBytes<D, false, DkdvTailUse::kNone>, kThreads,
-                                  p.total_tokens, p.num_docs, kKeyRows, p.kv_heads, cuda_stream);
+    return launch_chosen<D>(dkdv_instance(p), args, static_cast<cudaStream_t>(stream),
+                            std::make_index_sequence<std::size(kDkdvInstances)>{});
   });
 }
 
