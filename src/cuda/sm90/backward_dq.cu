@@ -456,21 +456,17 @@ int launch_backward_dq(const BackwardParams& p, void* stream) {
     args.p = p;
     cudaError_t e = rows_form_map(args.q_map, p.q_codes, p.total_tokens, p.q_heads, D, kQueryRows);
     if (e == cudaSuccess) e = rows_form_map(args.g_map, p.g_codes, p.total_tokens, p.q_heads, D, kQueryRows);
-    const uint8_t* const k_codes[2] = {p.k_codes, p.k_interior_codes};
-    const uint8_t* const v_codes[2] = {p.v_codes, p.v_interior_codes};
-    const uint8_t* const k_codes_t[2] = {p.k_codes_t, p.k_interior_codes_t};
-    const int code_sets = p.interior_codes ? 2 : 1;
-    for (int c = 0; c < code_sets && e == cudaSuccess; ++c) {
-      e = rows_form_map(args.k_map[c], k_codes[c], p.total_tokens, p.kv_heads, D, kKeyTile);
-      if (e == cudaSuccess) e = rows_form_map(args.v_map[c], v_codes[c], p.total_tokens, p.kv_heads, D, kKeyTile);
-      if (e == cudaSuccess) e = transposed_form_map(args.kt_map[c], k_codes_t[c], p.t_pitch, p.kv_heads, D, kKeyTile);
-    }
+    const bool interior = p.interior_codes;
+    if (e == cudaSuccess)
+      e = rows_form_maps(args.k_map[0], args.k_map[1], p.k_codes, interior ? p.k_interior_codes : nullptr,
+                         p.total_tokens, p.kv_heads, D, kKeyTile);
+    if (e == cudaSuccess)
+      e = rows_form_maps(args.v_map[0], args.v_map[1], p.v_codes, interior ? p.v_interior_codes : nullptr,
+                         p.total_tokens, p.kv_heads, D, kKeyTile);
+    if (e == cudaSuccess)
+      e = transposed_form_maps(args.kt_map[0], args.kt_map[1], p.k_codes_t, interior ? p.k_interior_codes_t : nullptr,
+                               p.t_pitch, p.kv_heads, D, kKeyTile);
     if (e != cudaSuccess) return e;
-    if (!p.interior_codes) {  // the interior tiles read the same codes: the same maps, not encoded again
-      args.k_map[1] = args.k_map[0];
-      args.v_map[1] = args.v_map[0];
-      args.kt_map[1] = args.kt_map[0];
-    }
     const int64_t items = order::table_entries(p.total_tokens, p.num_docs) * p.q_heads;
     const bool turns = consumers_take_turns(p.group_scales || p.interior_codes, p.total_tokens, p.num_docs);
     const auto kernel = p.interior_codes

@@ -34,4 +34,13 @@ cudaError_t fp16_rows_map(CUtensorMap& map, const void* base, int tokens, int he
 cudaError_t transposed_form_map(CUtensorMap& map, const uint8_t* codes_t, int64_t pitch, int heads, int dim,
                                 int box_tokens);
 
+// The same for a K or V code tensor and its interior codes (prefix isolation's block32 encoding,
+// which interior tiles read: KernelProblem::interior_codes), into map and interior_map. Without
+// interior codes (interior_codes null) the interior tiles read the same codes: interior_map is a
+// copy of map, not encoded again.
+cudaError_t rows_form_maps(CUtensorMap& map, CUtensorMap& interior_map, const uint8_t* codes,
+                           const uint8_t* interior_codes, int tokens, int heads, int dim, int box_rows);
+cudaError_t transposed_form_maps(CUtensorMap& map, CUtensorMap& interior_map, const uint8_t* codes_t,
+                                 const uint8_t* interior_codes_t, int64_t pitch, int heads, int dim, int box_tokens);
+
 }  // namespace flamia::cuda::sm90
