@@ -44,16 +44,12 @@
 namespace flamia::cuda::sm90 {
 namespace {
 
-constexpr int kConsumers = 2;                      // consumer warpgroups
-constexpr int kThreads = 128 * (1 + kConsumers);    // warpgroup 0 produces
-constexpr int kWarpgroupRows = 64;                  // keys per warpgroup: the m64 of every product
 constexpr int kKeyRows = kWarpgroupRows * kConsumers;  // keys per CTA
 constexpr int kQueryTile = tiling::kBwdQueryTile;   // queries per step: tau's group
 constexpr int kStages = 3;
 static_assert(kQueryTile == 64, "S^T is one m64n64 product per k-step");
 static_assert(tiling::kBwdKeyTile % kKeyRows == 0, "a CTA's keys lie inside one backward key tile");
 constexpr int kProducerLanes = 32;  // the key buffers' producer warp (the publisher)
-constexpr int kConsumerWarps = 4 * kConsumers;
 constexpr int kQueriesPerLane = kQueryTile / 32;  // per step and producer lane (query = j 32 + lane)
 
 // The two schedules (launch_backward_dkdv picks one per call). Registers per thread after the

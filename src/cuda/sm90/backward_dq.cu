@@ -38,9 +38,6 @@
 namespace flamia::cuda::sm90 {
 namespace {
 
-constexpr int kConsumers = 2;                  // consumer warpgroups
-constexpr int kThreads = 128 * (1 + kConsumers);  // warpgroup 0 produces
-constexpr int kWarpgroupRows = 64;             // the m64 of every product
 constexpr int kQueryRows = kWarpgroupRows * kConsumers;  // rows per CTA
 constexpr int kKeyTile = tiling::kBwdKeyTile;  // keys per step: sigma's group
 constexpr int kStages = 3;
@@ -51,7 +48,6 @@ static_assert(kKeyTile % kQueryRows == 0, "a CTA's rows share their diagonal key
 // consumers hold S, E and dQ: 232 spilled).
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 constexpr int kProducerLanes = 32;  // the rows ring's producer warp (the publisher)
-constexpr int kConsumerWarps = 4 * kConsumers;
 
 // The key tile's factors 2^ek_j and 2^ev_j lie in shared memory in the key permutation's order
 // (core/operand_layout.h: the order of the P operand's registers): accumulator lane (g, t) holds keys

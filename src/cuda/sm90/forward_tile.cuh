@@ -21,10 +21,8 @@
 
 namespace flamia::cuda::sm90::forward_tile {
 
-constexpr int kConsumers = 2;                        // consumer warpgroups
-constexpr int kThreads = 128 * (1 + kConsumers);     // warpgroup 0 produces
 constexpr int kRowsPerWarp = 16;                     // one m16 MMA row block per warp
-constexpr int kWarpgroupRows = 4 * kRowsPerWarp;     // 64: the m64 of every product
+static_assert(kWarpgroupRows == 4 * kRowsPerWarp, "a warpgroup's four warps hold its rows");
 constexpr int kQueryRows = kConsumers * kWarpgroupRows;  // 128 queries per CTA
 constexpr int kKeyTile = tiling::kFwdKeyTile;        // 128 keys per online-softmax step
 constexpr int kKeyBlocks = kKeyTile / 8;             // n8 blocks of S per tile
@@ -33,7 +31,6 @@ static_assert(kQueryRows == tiling::kFwdQueryTile && tiling::kFwdKeyTile % kQuer
 // Registers per thread after the hand-over: 128 x 40 + 256 x 232 = 64512, what the launch allocates
 // (168 x 384): an increase waits for registers that decreases gave back, so the two must balance.
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
-constexpr int kConsumerWarps = 4 * kConsumers;  // each arrives on "empty"
 static_assert(kConsumers == 2, "the consumers take turns in pairs");
 
 // One key tile's operands; stages of the ring are 1024-byte aligned, as the 128-byte swizzle of

@@ -180,6 +180,13 @@ __device__ __forceinline__ T& aligned_shared_storage() {
   return *reinterpret_cast<T*>(smem_raw + ((1024 - smem_address(smem_raw) % 1024) % 1024));
 }
 
+// The layout of every warp-specialized kernel (run_roles, consumer_thread): warpgroup 0 produces,
+// kConsumers warpgroups after it consume, each holding the m64 rows of every product.
+inline constexpr int kConsumers = 2;
+inline constexpr int kThreads = 128 * (1 + kConsumers);
+inline constexpr int kWarpgroupRows = 64;
+inline constexpr int kConsumerWarps = 4 * kConsumers;  // each arrives on a stage's "empty"
+
 // Warp specialization: thread 0 runs init (the barriers), everyone meets, then warpgroup 0 gives
 // registers back and its first kProducerWarps warps produce (produce() tells them apart by
 // threadIdx.x / 32) while the other warpgroups take registers and consume.
