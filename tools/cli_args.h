@@ -6,9 +6,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "core/options.h"
 
 namespace flamia::cli {
 
@@ -40,6 +43,14 @@ void usage_check(Check&& check) {
 // puts it in single quotes.
 std::string shortened(const std::string& text);
 std::string quoted(const std::string& text);
+
+// An option enum's value from its name (core/options.h's EnumNames), or a usage error that lists the
+// valid names.
+template <OptionEnum E>
+E parse_flag(const std::string& flag, const std::string& value) {
+  if (const std::optional<E> v = parse_option<E>(value)) return *v;
+  throw UsageError(flag + " must be " + option_names<E>() + ", got " + quoted(value));
+}
 
 // The "exit status:" section of a command's --help: `ok` and `failed` say what 0 and 1 mean for
 // it; 2 and 3 are the same for every command.

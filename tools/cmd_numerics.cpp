@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/inputs.h"
 #include "analysis/numerics.h"
 #include "core/documents.h"
 #include "cli_args.h"
@@ -44,11 +45,12 @@ int run_numerics_command(int argc, char** argv) {
   std::vector<int> lengths, key_lengths, window = {-1, -1};
   double softcap = 0.0;
   uint64_t seed = 0;
+  std::string inputs_name = "normal";
   bool json = false, quiet = false, non_causal = false, check = false, default_only = false, force = false;
   bool compare_routes = false;
   ArgParser args("numerics",
                  "Accuracy of the emulated routes, MXFP8 and mixed NVFP4/FP8 (bit-exact quantization, double\n"
-                 "accumulation), against an unquantized FP64 reference on random normal BF16 inputs: cosine,\n"
+                 "accumulation), against an unquantized FP64 reference on random BF16 inputs (--inputs): cosine,\n"
                  "relative L2, max abs error, row residual sum_j dS_ij, fraction of nonzero U entries rounded to\n"
                  "zero, saturation counts. One row per configuration (route, Hadamard rotation, isolation,\n"
                  "geometry, rule, U scale), dQ reduction (\"backward\": deterministic, and fp16_partials where it\n"
@@ -71,6 +73,10 @@ int run_numerics_command(int argc, char** argv) {
   args.option("dv", &value_dim, "V's (and O's and dO's) head dimension, e.g. 128 with --dim 192 (MLA)", 1);
   args.set_default_text("dv", "--dim");
   args.option("seed", &seed, "random seed of the inputs");
+  args.option("inputs", &inputs_name,
+              "what the inputs look like: normal (standard normal draws), sharp (q and k x 1.6), outliers (two "
+              "features per head: q's and k's x 4, v's x 20) or sink (every query leans toward its document's first "
+              "key); the bars are defined on normal inputs");
   args.flag("non-causal", &non_causal, "attend to the whole document (prefix mode is then skipped)");
   args.option("window", &window,
               "LEFT,RIGHT: query i sees the keys i - LEFT .. i + RIGHT of its document, -1 for no bound on that side "
@@ -88,6 +94,7 @@ int run_numerics_command(int argc, char** argv) {
                                    "with --check: the default route misses the accuracy bars"));
   if (!args.parse(argc, argv)) return kExitOk;
   if (default_only && compare_routes) throw UsageError("--default-only and --compare-routes exclude each other");
+  const analysis::InputKind input_kind = parse_flag<analysis::InputKind>("--inputs", inputs_name);
   // Sized from the arguments alone: --docs x --len is not spelled out into a list before it is
   // known to fit (a billion documents would take seconds and gigabytes to list).
   DocumentSizes sizes;
@@ -153,7 +160,7 @@ int run_numerics_command(int argc, char** argv) {
   {
     StepProgress progress(log, quiet, estimate.step_seconds);
     progress.step("generating inputs");
-    const auto inputs = analysis::random_inputs({lengths, heads, kv_heads, dim, value_dim, key_lengths}, seed);
+    const auto inputs = analysis::random_inputs({lengths, heads, kv_heads, dim, value_dim, key_lengths}, seed, input_kind);
     rows = analysis::run_numerics(inputs, shape, configs, [&](const std::string& step) { progress.step(step); });
   }
   log("done");
@@ -181,7 +188,8 @@ int run_numerics_command(int argc, char** argv) {
     }
     std::printf("], \"left_out\": [");
     for (size_t i = 0; i < left_out.size(); ++i) std::printf("%s%s", i ? ", " : "", json_string(left_out[i]).c_str());
-    std::printf("], \"meets_bars\": %s}\n", json_bool(bars).c_str());
+    std::printf("], \"inputs\": %s, \"meets_bars\": %s}\n", json_string(std::string(to_string(input_kind))).c_str(),
+                json_bool(bars).c_str());
   } else {
     auto list = [](const std::vector<int>& v) {
       std::string out;
@@ -200,8 +208,9 @@ int run_numerics_command(int argc, char** argv) {
     }
     const std::string dims = value_dim == dim ? "D = " + std::to_string(dim)
                                               : "D = " + std::to_string(dim) + ", Dv = " + std::to_string(value_dim);
-    std::printf("numerics vs FP64: documents [%s], %s, heads %d/%d, %s, seed %llu\n", ls.c_str(), mask.c_str(), heads,
-                kv_heads, dims.c_str(), (unsigned long long)seed);
+    std::printf("numerics vs FP64: documents [%s], %s, heads %d/%d, %s, %s inputs, seed %llu\n", ls.c_str(),
+                mask.c_str(), heads, kv_heads, dims.c_str(), std::string(to_string(input_kind)).c_str(),
+                (unsigned long long)seed);
     for (const std::string& config : left_out) std::printf("left out: %s\n", config.c_str());
     std::printf("\n");
     std::printf("| route       | hadamard | isolation | geometry | rule  | U scale  | backward      | tensor | cosine    | rel L2    | max abs  | row res max | row res rms | U zero frac | saturated q/k/v/dO/P/U |\n");

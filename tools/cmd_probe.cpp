@@ -10,16 +10,6 @@
 #include "progress.h"
 
 namespace flamia::cli {
-namespace {
-
-// An option enum's value from its name (core/options.h), or a usage error listing the valid names.
-template <OptionEnum E>
-E parse_flag(const std::string& flag, const std::string& value) {
-  if (const std::optional<E> v = parse_option<E>(value)) return *v;
-  throw UsageError(flag + " must be " + option_names<E>() + ", got " + quoted(value));
-}
-
-}  // namespace
 
 int run_probe_command(int argc, char** argv) {
   analysis::ProbeOptions o;

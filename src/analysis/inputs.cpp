@@ -1,5 +1,6 @@
 #include "analysis/inputs.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -33,9 +34,51 @@ void fill_rows(reference::PackedTensor& x, int t0, int t1, NormalRng& rng) {
     for (int h = 0; h < x.heads; ++h)
       for (int f = 0; f < x.dim; ++f) x.at(t, h, f) = formats::round_to_bf16(rng.next());
 }
+
+// The kind's transform of standard normal inputs (InputKind), each value rounded to BF16 again.
+void shape_inputs(AttentionInputs& in, InputKind kind) {
+  auto scale_features = [](reference::PackedTensor& x, double factor, bool outliers_only) {
+    for (int t = 0; t < x.tokens; ++t)
+      for (int h = 0; h < x.heads; ++h) {
+        double* row = x.row(t, h);
+        if (!outliers_only) {
+          for (int f = 0; f < x.dim; ++f) row[f] = formats::round_to_bf16(row[f] * factor);
+          continue;
+        }
+        for (int f : kOutlierFeatures)
+          if (f < x.dim) row[f] = formats::round_to_bf16(row[f] * factor);
+      }
+  };
+  switch (kind) {
+    case InputKind::kNormal:
+      return;
+    case InputKind::kSharp:
+      scale_features(in.q, kSharpQk, false);
+      scale_features(in.k, kSharpQk, false);
+      return;
+    case InputKind::kOutliers:
+      scale_features(in.q, kOutlierQk, true);
+      scale_features(in.k, kOutlierQk, true);
+      scale_features(in.v, kOutlierV, true);
+      return;
+    case InputKind::kSink: {
+      const int features = std::min(kSinkFeatures, in.q.dim);
+      for (int t = 0; t < in.q.tokens; ++t)
+        for (int h = 0; h < in.q.heads; ++h)
+          for (int f = 0; f < features; ++f) in.q.at(t, h, f) = formats::round_to_bf16(in.q.at(t, h, f) + kSinkQueryLean);
+      const Documents& keys = in.key_docs();
+      for (int d = 0; d < keys.count(); ++d) {
+        if (keys.length(d) == 0) continue;
+        for (int h = 0; h < in.k.heads; ++h)
+          for (int f = 0; f < features; ++f) in.k.at(keys.begin(d), h, f) = kSinkKey;
+      }
+      return;
+    }
+  }
+}
 }  // namespace
 
-AttentionInputs random_inputs(const InputShape& s, uint64_t seed) {
+AttentionInputs random_inputs(const InputShape& s, uint64_t seed, InputKind kind) {
   Documents docs = Documents::from_lengths(s.lengths);
   std::optional<Documents> k_docs;
   if (!s.key_lengths.empty()) k_docs = Documents::from_lengths(s.key_lengths);
@@ -45,6 +88,7 @@ AttentionInputs random_inputs(const InputShape& s, uint64_t seed) {
                      reference::PackedTensor(T, s.q_heads, s.dv()), std::move(k_docs)};
   NormalRng rng(seed);
   for (auto* x : {&in.q, &in.k, &in.v, &in.dout}) fill_rows(*x, 0, x->tokens, rng);
+  shape_inputs(in, kind);
   return in;
 }
 

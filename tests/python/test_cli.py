@@ -277,8 +277,23 @@ def test_numerics_runs_a_value_head_dim_of_its_own():
     out = run("numerics", "--dim", "96", "--dv", "64", "--default-only", "--docs", "2", "--len", "128", "--heads", "2",
               "--check", "--quiet")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "heads 2/2, D = 96, Dv = 64, seed 0" in out.stdout
+    assert "heads 2/2, D = 96, Dv = 64, normal inputs, seed 0" in out.stdout
     assert "--dv expects an integer from 1" in refused("numerics", "--dv", "0")
+
+
+def test_numerics_runs_peaked_inputs_and_names_them():
+    # Sink inputs keep the default route within the bars here; outlier channels do not (a decision
+    # that moves the numerics is judged on these too, so each kind must run and be named).
+    out = run("numerics", "--inputs", "sink", "--default-only", "--docs", "1", "--len", "256", "--heads", "2",
+              "--dim", "64", "--json", "--quiet")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["inputs"] == "sink" and doc["rows"]
+    table = run("numerics", "--inputs", "outliers", "--default-only", "--docs", "1", "--len", "256", "--heads", "2",
+                "--dim", "64", "--quiet")
+    assert table.returncode == 0, table.stderr
+    assert "heads 2/2, D = 64, outliers inputs, seed 0" in table.stdout
+    assert "--inputs must be normal, sharp, outliers or sink, got 'peaky'" in refused("numerics", "--inputs", "peaky")
 
 
 def test_numerics_runs_documents_with_their_own_key_lengths():
