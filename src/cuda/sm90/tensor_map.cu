@@ -71,26 +71,33 @@ cudaError_t transposed_form_map(CUtensorMap& map, const uint8_t* codes_t, int64_
   return make_byte_tensor_map(map, codes_t, 2, dims, strides, box, swizzle_for_row(box_tokens));
 }
 
-cudaError_t rows_form_maps(CUtensorMap& map, CUtensorMap& interior_map, const uint8_t* codes,
-                           const uint8_t* interior_codes, int tokens, int heads, int dim, int box_rows) {
-  cudaError_t e = rows_form_map(map, codes, tokens, heads, dim, box_rows);
-  if (e != cudaSuccess) return e;
+namespace {
+// encode(map, codes) for a code tensor and, where there are interior codes, for those; else the
+// interior map is a copy.
+template <class Encode>
+cudaError_t maps_with_interior(CUtensorMap& map, CUtensorMap& interior_map, const uint8_t* codes,
+                               const uint8_t* interior_codes, Encode encode) {
+  if (const cudaError_t e = encode(map, codes); e != cudaSuccess) return e;
   if (interior_codes == nullptr) {
     interior_map = map;
     return cudaSuccess;
   }
-  return rows_form_map(interior_map, interior_codes, tokens, heads, dim, box_rows);
+  return encode(interior_map, interior_codes);
+}
+}  // namespace
+
+cudaError_t rows_form_maps(CUtensorMap& map, CUtensorMap& interior_map, const uint8_t* codes,
+                           const uint8_t* interior_codes, int tokens, int heads, int dim, int box_rows) {
+  return maps_with_interior(map, interior_map, codes, interior_codes, [&](CUtensorMap& m, const uint8_t* c) {
+    return rows_form_map(m, c, tokens, heads, dim, box_rows);
+  });
 }
 
 cudaError_t transposed_form_maps(CUtensorMap& map, CUtensorMap& interior_map, const uint8_t* codes_t,
                                  const uint8_t* interior_codes_t, int64_t pitch, int heads, int dim, int box_tokens) {
-  cudaError_t e = transposed_form_map(map, codes_t, pitch, heads, dim, box_tokens);
-  if (e != cudaSuccess) return e;
-  if (interior_codes_t == nullptr) {
-    interior_map = map;
-    return cudaSuccess;
-  }
-  return transposed_form_map(interior_map, interior_codes_t, pitch, heads, dim, box_tokens);
+  return maps_with_interior(map, interior_map, codes_t, interior_codes_t, [&](CUtensorMap& m, const uint8_t* c) {
+    return transposed_form_map(m, c, pitch, heads, dim, box_tokens);
+  });
 }
 
 }  // namespace flamia::cuda::sm90
