@@ -13,8 +13,9 @@
 # .carry/wheels/einops-*.whl; `prepare` names them).
 # run builds both libraries (flamia_capi only, side by side, JOBS/2 jobs each) into build-ab/base
 # and build-ab/variant, then:
-#  - with --outputs, bench/compare_libraries.py: the variant's training calls bitwise against the
-#    base's (a lever meant to be bitwise must pass it before its time means anything);
+#  - with --outputs, bench/compare_libraries.py --fp16-partials: the variant's training calls
+#    bitwise against the base's, both backwards (a lever meant to be bitwise must pass it before its
+#    time means anything; the partials' dq by cosine);
 #  - bench/kernel_breakdown.py --pass train, in the order base, variant, variant, base (each a
 #    process of its own, so that the clock's drift over the job falls on both alike);
 #  - with --fa3, bench/bench_attention.py --pass train and --pass forward --graph with flamia and
@@ -29,7 +30,7 @@ PYTHON=${PYTHON:-python3}
 JOBS=${JOBS:-16}
 BASE_SRC=${AB_BASE:-.carry/ab-base}  # where prepare puts the base sources and run reads them
 
-usage() { sed -n '2,25p' "$0"; }
+usage() { sed -n '2,26p' "$0"; }
 
 prepare() {
   local ref=${1:-HEAD}
@@ -94,8 +95,10 @@ run() {
   with() { local which=$1; shift; FLAMIA_CAPI_LIB=${lib[$which]} PYTHONPATH=python "$PYTHON" "$@"; }
 
   if [ "$outputs" -eq 1 ]; then
-    with base bench/compare_libraries.py save "$results/base-outputs.pt" --workloads "$workloads" || status=1
-    if with variant bench/compare_libraries.py compare "$results/base-outputs.pt" --workloads "$workloads"; then
+    with base bench/compare_libraries.py save "$results/base-outputs.pt" --workloads "$workloads" --fp16-partials ||
+      status=1
+    if with variant bench/compare_libraries.py compare "$results/base-outputs.pt" --workloads "$workloads" \
+      --fp16-partials; then
       echo "gpu_ab: outputs bitwise the base's"
     else
       echo "gpu_ab: outputs differ from the base's (above)"
