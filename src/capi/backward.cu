@@ -6,9 +6,9 @@
 // No allocation, no host synchronization and no device-to-host copy, so the call can be captured in
 // a CUDA graph. Malformed offsets leave no document to the later kernels, and the offsets check
 // fills dq, dk and dv with NaN.
-// Where it applies (takes_dq_partials), dQ comes from FP16 partials of the dK dV pass instead of
-// a dQ pass (core/dq_partials.h): a prep pass forms D_i with the rows' factors and zeroes dq, which
-// holds the FP16 accumulator until the finish pass writes BF16 dQ.
+// Where it applies (validate.h's plan_backward), dQ comes from FP16 partials of the dK dV pass
+// instead of a dQ pass (core/dq_partials.h): a prep pass forms D_i with the rows' factors and zeroes
+// dq, which holds the FP16 accumulator until the finish pass writes BF16 dQ.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -27,17 +27,6 @@
 namespace flamia::capi {
 namespace {
 
-// Whether a backward call takes dQ from FP16 partials: the saving forward kept 1 / l_i, the options
-// allow it (NumericsOptions::uses_fp16_partials: not deterministic, document isolation, causal), the
-// kernels have the instance, and dq's rows can be TMA's FP16 reduce target.
-bool takes_dq_partials(const flamia_tensor& q, const flamia_tensor& dq, const flamia_documents& docs,
-                       const flamia_options& options, const NumericsOptions& numerics, QkvCodes codes) {
-  return codes == QkvCodes::kSaved && numerics.uses_fp16_partials(options.causal == 1) &&
-         cuda::sm90::dq_partials_supported(int(q.dim), options.causal == 1, numerics.interior_codes(), q.tokens,
-                                           docs.num_docs) &&
-         dq.stride_token % 8 == 0 && dq.stride_head % 8 == 0 && reinterpret_cast<uintptr_t>(dq.data) % 16 == 0;
-}
-
 // codes: kInWorkspace for flamia_backward (q, k, v quantized again), kSaved for
 // flamia_backward_saved (their codes read from flamia_forward_train's saved_codes).
 CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_tensor* v, const flamia_tensor* o,
@@ -47,7 +36,8 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
                    void* stream) {
   if (CallError e = validate_backward(q, k, v, o, lse, dout, docs, options, dq, dk, dv, codes); !e.ok()) return e;
   const bool saved = codes == QkvCodes::kSaved;
-  const NumericsOptions numerics = attention_options(*options).numerics;
+  const BackwardPlan plan = plan_backward(*q, *dq, *docs, *options, codes);
+  const NumericsOptions& numerics = plan.numerics;
   const bool interior = numerics.interior_codes();
   const BackwardWorkspace ws =
       backward_workspace_layout(q->tokens, q->heads, k->heads, q->dim, docs->num_docs, interior, codes);
@@ -68,7 +58,7 @@ CallError backward(const flamia_tensor* q, const flamia_tensor* k, const flamia_
   // First the offsets: malformed ones fill dq, dk and dv with NaN (FP16 NaN where dq holds the FP16
   // partials' accumulator: the finish pass turns it into BF16 NaN) and leave no document to what
   // follows.
-  const bool dq_partials = takes_dq_partials(*q, *dq, *docs, *options, numerics, codes);
+  const bool dq_partials = plan.dq_partials;
   cuda::sm90::BackwardParams p{};
   static_cast<cuda::sm90::KernelProblem&>(p) = kernel_problem(*q, *k, *docs, *options, numerics);
   cuda::OffsetsCheck poison;

@@ -17,6 +17,7 @@
 #include "core/offsets_check.h"
 #include "core/operand_layout.h"
 #include "core/schedule.h"
+#include "cuda/sm90/backward.h"
 
 namespace flamia::capi {
 namespace {
@@ -456,6 +457,17 @@ AttentionOptions attention_options(const flamia_options& options) {
   a.numerics.p_boost_log2 = options.p_boost_log2;
   a.numerics.dq_reduction = options.deterministic == 1 ? DqReduction::kDeterministic : DqReduction::kFp16Partials;
   return a;
+}
+
+BackwardPlan plan_backward(const flamia_tensor& q, const flamia_tensor& dq, const flamia_documents& docs,
+                           const flamia_options& options, QkvCodes codes) {
+  const NumericsOptions numerics = attention_options(options).numerics;
+  const bool causal = options.causal == 1;
+  const bool dq_partials =
+      codes == QkvCodes::kSaved && numerics.uses_fp16_partials(causal) &&
+      cuda::sm90::dq_partials_supported(int(q.dim), causal, numerics.interior_codes(), q.tokens, docs.num_docs) &&
+      dq.stride_token % 8 == 0 && dq.stride_head % 8 == 0 && reinterpret_cast<uintptr_t>(dq.data) % 16 == 0;
+  return {codes, numerics, dq_partials};
 }
 
 namespace {

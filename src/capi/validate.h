@@ -66,6 +66,21 @@ CallError offsets_status_error(const flamia_offsets_status& record);
 // numerics (route, u_scale, hadamard) keep their defaults: the C API cannot select them.
 AttentionOptions attention_options(const flamia_options& options);
 
+// What a backward call runs, decided once from its validated arguments before anything is launched.
+// dQ comes from FP16 partials of the dK dV pass (core/dq_partials.h) where the saving forward kept
+// 1 / l_i (saved codes), the options allow it (NumericsOptions::uses_fp16_partials: not
+// deterministic, document isolation, causal), the kernels have the instance
+// (cuda/sm90/backward.h's dq_partials_supported: D = 128, long documents) and dq's rows can be TMA's
+// FP16 reduce target (8-element strides, a 16-byte aligned base); else the deterministic dQ pass
+// runs. The workspace poison, the kernels' parameters and the pass list all read this plan.
+struct BackwardPlan {
+  QkvCodes codes;
+  NumericsOptions numerics;
+  bool dq_partials;
+};
+BackwardPlan plan_backward(const flamia_tensor& q, const flamia_tensor& dq, const flamia_documents& docs,
+                           const flamia_options& options, QkvCodes codes);
+
 // The forward's device workspace: one 256-byte aligned region per buffer, offsets from the
 // (256-byte aligned) workspace base. The size query and the call both use this one function.
 inline constexpr size_t kWorkspaceAlignment = 256;

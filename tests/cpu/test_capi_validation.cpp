@@ -1015,5 +1015,45 @@ TEST(CapiValidation, ReportTruncatesAndTerminates) {
   EXPECT_EQ(report(long_error, nullptr), kInvalid);  // no error struct: status only
 }
 
+// The backward's one decision of its dQ reduction (plan_backward): the FP16 partials only where the
+// saving forward kept 1 / l_i, the options allow them, the kernels have the instance and dq's rows can
+// take TMA's reduce; the deterministic pass everywhere else.
+TEST(BackwardPlan, Fp16PartialsOnlyWhereEveryConditionHolds) {
+  const int64_t T = 4 * 8192;
+  flamia_tensor q = packed(0x10000, T, 8, 128), dq = packed(0x80000, T, 8, 128);
+  std::vector<int32_t> cu{0, 8192, 16384, 24576, 32768};
+  flamia_documents docs{};
+  docs.cu_seqlens_host = cu.data();
+  docs.num_docs = 4;
+  docs.max_seqlen = 8192;
+  flamia_options options{};
+  flamia_default_options(&options);
+  auto partials = [&](QkvCodes codes = QkvCodes::kSaved) {
+    const BackwardPlan plan = plan_backward(q, dq, docs, options, codes);
+    EXPECT_EQ(plan.codes, codes);
+    return plan.dq_partials;
+  };
+  EXPECT_TRUE(partials()) << "the default: saved codes, causal, document isolation, D = 128, long documents";
+  EXPECT_FALSE(partials(QkvCodes::kInWorkspace)) << "flamia_backward: no 1 / l_i from the forward";
+  options.deterministic = 1;
+  EXPECT_FALSE(partials());
+  options.deterministic = 0, options.isolation = FLAMIA_ISOLATION_PREFIX;
+  EXPECT_FALSE(partials());
+  options.isolation = FLAMIA_ISOLATION_DOCUMENT, options.causal = 0;
+  EXPECT_FALSE(partials());
+  options.causal = 1;
+  docs.num_docs = 8;  // a mean document below kDqPartialsFromMeanDocument
+  EXPECT_FALSE(partials());
+  docs.num_docs = 4;
+  dq.stride_head = 132;  // not a multiple of 8 elements: no TMA reduce target
+  EXPECT_FALSE(partials());
+  dq.stride_head = 128, dq.data = fake_pointer(0x80008);
+  EXPECT_FALSE(partials()) << "dq's base 16-byte aligned";
+  dq.data = fake_pointer(0x80000), q.dim = 64;
+  EXPECT_FALSE(partials()) << "the instance is D = 128's";
+  q.dim = 128;
+  EXPECT_TRUE(partials());
+}
+
 }  // namespace
 }  // namespace flamia::capi
