@@ -4,12 +4,12 @@
 # interleaved processes, and (with --fa3) each one's backward against FlashAttention-3's.
 #
 #   scripts/gpu_ab.sh prepare [REF]    where git is (default REF: HEAD): REF's sources into
-#                                      .carry/ab-base/, and the wheels --fa3 needs into .carry/wheels/
+#                                      .carry/ab-base/ (--fa3's wheels: scripts/prepare_gpu_carry.sh)
 #   scripts/gpu_ab.sh run [--workloads 4x16384,16x4096] [--rounds 10] [--outputs] [--fa3]
 #                         [--fa3-workloads 4x16384]           on the GPU machine, from the repo root
 #
-# An offline GPU machine gets the working tree and, as carried ignored paths, .carry/ab-base and for
-# --fa3 the two wheels of bench/requirements-gpu-bench.txt (.carry/wheels/flash_attn3_jax-*.whl and
+# An offline GPU machine needs, beside the working tree, the ignored .carry/ab-base and for --fa3
+# the two wheels of bench/requirements-gpu-bench.txt (.carry/wheels/flash_attn3_jax-*.whl and
 # .carry/wheels/einops-*.whl; `prepare` names them).
 # run builds both libraries (flamia_capi only, side by side, JOBS/2 jobs each) into build-ab/base
 # and build-ab/variant, then:
@@ -67,7 +67,7 @@ run() {
     esac
     shift
   done
-  [ -f "$BASE_SRC/CMakeLists.txt" ] || { echo "gpu_ab: no $BASE_SRC (run 'scripts/gpu_ab.sh prepare REF' where git is, and carry it)" >&2; exit 2; }
+  [ -f "$BASE_SRC/CMakeLists.txt" ] || { echo "gpu_ab: no $BASE_SRC (run 'scripts/gpu_ab.sh prepare REF' where git is, and copy it here)" >&2; exit 2; }
   local results=${OUT:-ab-results}/ab
   mkdir -p "$results"
   echo "gpu_ab: base $(cat "$BASE_SRC/.ab-commit" 2>/dev/null || echo '(commit unknown)') vs the working tree"

@@ -884,13 +884,11 @@ int launch_backward_dkdv(const BackwardParams& p, void* stream) {
     constexpr int D = decltype(d)::value;
     DkdvArgs args{};
     args.p = p;
-    const uint8_t* const k_interior = p.interior_codes ? p.k_interior_codes : nullptr;
-    const uint8_t* const v_interior = p.interior_codes ? p.v_interior_codes : nullptr;
-    cudaError_t e = rows_form_maps(args.k_map, args.k_interior_map, p.k_codes, k_interior, p.total_tokens, p.kv_heads,
-                                   D, kKeyRows);
+    cudaError_t e = rows_form_maps(args.k_map, args.k_interior_map, p.k_codes, p.k_interior_codes, p.total_tokens,
+                                   p.kv_heads, D, kKeyRows);
     if (e == cudaSuccess)
-      e = rows_form_maps(args.v_map, args.v_interior_map, p.v_codes, v_interior, p.total_tokens, p.kv_heads, D,
-                         kKeyRows);
+      e = rows_form_maps(args.v_map, args.v_interior_map, p.v_codes, p.v_interior_codes, p.total_tokens, p.kv_heads,
+                         D, kKeyRows);
     if (e == cudaSuccess) e = rows_form_map(args.q_map, p.q_codes, p.total_tokens, p.q_heads, D, kQueryTile);
     if (e == cudaSuccess) e = rows_form_map(args.g_map, p.g_codes, p.total_tokens, p.q_heads, D, kQueryTile);
     if (e == cudaSuccess) e = transposed_form_map(args.qt_map, p.q_codes_t, p.t_pitch, p.q_heads, D, kQueryTile);

@@ -452,15 +452,14 @@ int launch_backward_dq(const BackwardParams& p, void* stream) {
     args.p = p;
     cudaError_t e = rows_form_map(args.q_map, p.q_codes, p.total_tokens, p.q_heads, D, kQueryRows);
     if (e == cudaSuccess) e = rows_form_map(args.g_map, p.g_codes, p.total_tokens, p.q_heads, D, kQueryRows);
-    const bool interior = p.interior_codes;
     if (e == cudaSuccess)
-      e = rows_form_maps(args.k_map[0], args.k_map[1], p.k_codes, interior ? p.k_interior_codes : nullptr,
+      e = rows_form_maps(args.k_map[0], args.k_map[1], p.k_codes, p.k_interior_codes,
                          p.total_tokens, p.kv_heads, D, kKeyTile);
     if (e == cudaSuccess)
-      e = rows_form_maps(args.v_map[0], args.v_map[1], p.v_codes, interior ? p.v_interior_codes : nullptr,
+      e = rows_form_maps(args.v_map[0], args.v_map[1], p.v_codes, p.v_interior_codes,
                          p.total_tokens, p.kv_heads, D, kKeyTile);
     if (e == cudaSuccess)
-      e = transposed_form_maps(args.kt_map[0], args.kt_map[1], p.k_codes_t, interior ? p.k_interior_codes_t : nullptr,
+      e = transposed_form_maps(args.kt_map[0], args.kt_map[1], p.k_codes_t, p.k_interior_codes_t,
                                p.t_pitch, p.kv_heads, D, kKeyTile);
     if (e != cudaSuccess) return e;
     const int64_t items = order::table_entries(p.total_tokens, p.num_docs) * p.q_heads;

@@ -435,12 +435,11 @@ int launch_forward(const ForwardParams& p, void* stream) {
     ForwardArgs args{};
     args.p = p;
     cudaError_t e = rows_form_map(args.q_map, p.q_codes, p.total_tokens, p.q_heads, D, kQueryRows);
-    const bool interior = p.interior_codes;
     if (e == cudaSuccess)
-      e = rows_form_maps(args.k_map[0], args.k_map[1], p.k_codes, interior ? p.k_interior_codes : nullptr,
+      e = rows_form_maps(args.k_map[0], args.k_map[1], p.k_codes, p.k_interior_codes,
                          p.total_tokens, p.kv_heads, D, kKeyTile);
     if (e == cudaSuccess)
-      e = transposed_form_maps(args.vt_map[0], args.vt_map[1], p.v_codes_t, interior ? p.v_interior_codes_t : nullptr,
+      e = transposed_form_maps(args.vt_map[0], args.vt_map[1], p.v_codes_t, p.v_interior_codes_t,
                                p.vt_pitch, p.kv_heads, D, kKeyTile);
     if (e != cudaSuccess) return e;
     const int64_t items = order::table_entries(p.total_tokens, p.num_docs) * p.q_heads;

@@ -72,13 +72,13 @@ cudaError_t transposed_form_map(CUtensorMap& map, const uint8_t* codes_t, int64_
 }
 
 namespace {
-// encode(map, codes) for a code tensor and, where there are interior codes, for those; else the
-// interior map is a copy.
+// encode(map, codes) for a code tensor and, where it has interior codes of their own, for those;
+// else the interior map is a copy.
 template <class Encode>
 cudaError_t maps_with_interior(CUtensorMap& map, CUtensorMap& interior_map, const uint8_t* codes,
                                const uint8_t* interior_codes, Encode encode) {
   if (const cudaError_t e = encode(map, codes); e != cudaSuccess) return e;
-  if (interior_codes == nullptr) {
+  if (interior_codes == codes) {
     interior_map = map;
     return cudaSuccess;
   }

@@ -36,8 +36,8 @@ cudaError_t transposed_form_map(CUtensorMap& map, const uint8_t* codes_t, int64_
 
 // The same for a K or V code tensor and its interior codes (prefix isolation's block32 encoding,
 // which interior tiles read: KernelProblem::interior_codes), into map and interior_map. Without
-// interior codes (interior_codes null) the interior tiles read the same codes: interior_map is a
-// copy of map, not encoded again.
+// interior codes the kernels' interior fields point at the codes themselves (kernel_problem.h):
+// interior_map is then a copy of map, not encoded again.
 cudaError_t rows_form_maps(CUtensorMap& map, CUtensorMap& interior_map, const uint8_t* codes,
                            const uint8_t* interior_codes, int tokens, int heads, int dim, int box_rows);
 cudaError_t transposed_form_maps(CUtensorMap& map, CUtensorMap& interior_map, const uint8_t* codes_t,
